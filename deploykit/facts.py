@@ -1,0 +1,44 @@
+"""Probe facts: the versioned JSON contract between `deploykit probe` and everything that plans."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+
+
+class GpuFacts(BaseModel):
+    """What deploykit knows about one GPU, read through NVML only."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    index: int
+    name: str
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+    compute_capability: str = Field(description='"major.minor", e.g. "7.5"')
+    compute_capability_tuple: tuple[int, int]
+    arch: str = Field(description="volta, turing, ampere, ada, hopper, blackwell, ... or unknown")
+    bf16_native: bool
+    fp8_native: bool
+    is_hopper: bool
+    memory_total_mib: int | None = None
+    memory_free_mib: int | None = None
+    mig_mode: str | None = Field(default=None, description="enabled, disabled, or null when not supported")
+    errors: list[str] = Field(default_factory=list, description="NVML calls that failed for this GPU")
+
+
+class ProbeFacts(BaseModel):
+    """The whole probe result. `error` is null when the probe succeeded."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = SCHEMA_VERSION
+    driver_version: str | None = None
+    cuda_driver_version: str | None = None
+    nvml_version: str | None = None
+    vllm_version: str | None = None
+    torch_version: str | None = None
+    gpus: list[GpuFacts] = Field(default_factory=list)
+    error: str | None = None
+    source: str = Field(default="nvml", description="nvml, or the file a saved probe was read from")

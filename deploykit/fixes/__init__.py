@@ -1,0 +1,34 @@
+"""The fix registry. `plan` reads the decision rules, the vLLM plugin applies the patches.
+
+Each fix is one module exposing:
+    NAME: str                 the key used in profiles, `--fix` and DEPLOYKIT_FIXES
+    SUMMARY: str              one line for people
+    PATCHES: str              what in vLLM it changes
+    decide(inputs, mode) -> FixDecision            pure, no torch/vllm import
+    launch_args(inputs) -> list[str]               extra `vllm serve` flags when enabled
+    check_target() -> TargetCheck                  imports vLLM: does the target exist as expected?
+    apply() -> str                                 patches vLLM in this process; returns the target patched
+Importing a fix module must stay cheap: torch and vLLM are imported inside functions only.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+FIX_MODULES: dict[str, str] = {
+    "fp32_projection": "deploykit.fixes.fp32_projection",
+    "matmul_lora": "deploykit.fixes.matmul_lora",
+    "device_penalties": "deploykit.fixes.penalties",
+}
+
+FIX_NAMES: tuple[str, ...] = tuple(FIX_MODULES)
+
+
+def load_fix(name: str) -> ModuleType:
+    try:
+        module_path = FIX_MODULES[name]
+    except KeyError:
+        known = ", ".join(FIX_NAMES)
+        raise KeyError(f"unknown fix {name!r}; known fixes: {known}") from None
+    return importlib.import_module(module_path)

@@ -1,0 +1,64 @@
+"""The vocabulary every fix speaks: modes, decisions, the facts a decision may use, target status."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from deploykit.facts import GpuFacts
+
+
+class FixMode(StrEnum):
+    AUTO = "auto"
+    ON = "on"
+    OFF = "off"
+
+
+class Decision(StrEnum):
+    ENABLED = "enabled"
+    NOT_NEEDED = "not_needed"
+    IMPOSSIBLE = "impossible"
+
+
+class FixDecision(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    mode: FixMode
+    decision: Decision
+    reason: str = Field(description="one line naming the facts the decision used")
+
+
+class TargetStatus(StrEnum):
+    APPLICABLE = "applicable"
+    FIXED_UPSTREAM = "fixed_upstream"
+    TARGET_MISSING = "target_missing"
+    VLLM_MISSING = "vllm_missing"
+
+
+class TargetCheck(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    status: TargetStatus
+    target: str
+    detail: str
+
+
+class DecisionInputs(BaseModel):
+    """Everything a fix rule may look at; pure data so rules are pure functions."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpus: list[GpuFacts]
+    vllm_version: str | None
+    checkpoint_dtype: str | None
+    model_architectures: list[str] = Field(default_factory=list)
+    lora_enabled: bool = False
+    penalties_expected: bool = False
+    model_runner: str = Field(default="auto", description="auto, v1 or v2: the profile's runner choice")
+    platform: str = Field(default="cuda", description="cuda or cpu: which vLLM build the deployment runs")
+
+
+class FixError(RuntimeError):
+    """A fix could not be applied; the message names the fix and the vLLM version."""

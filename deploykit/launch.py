@@ -1,0 +1,176 @@
+"""Start `vllm serve` as a child in its own process group, wait until it answers, stop it with nothing left.
+
+Used by `deploykit serve` and by the end-to-end test harness, so both exercise the same code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class LaunchError(RuntimeError):
+    """vLLM did not come up; `log_tail` holds the end of its log."""
+
+    def __init__(self, message: str, *, exit_code: int | None = None, log_tail: str = "") -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.log_tail = log_tail
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def read_tail(path: Path, max_lines: int = 40) -> str:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - 64 * 1024))
+            data = handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(data.splitlines()[-max_lines:])
+
+
+@dataclass
+class ServerProcess:
+    """A running `vllm serve` and where its log goes."""
+
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    base_url: str
+    started_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def exit_code(self) -> int | None:
+        return self.process.poll()
+
+    def log_tail(self, max_lines: int = 40) -> str:
+        return read_tail(self.log_path, max_lines)
+
+    def last_log_line(self) -> str:
+        tail = self.log_tail(5).strip().splitlines()
+        return tail[-1] if tail else ""
+
+    def wait_healthy(
+        self,
+        timeout_s: float,
+        on_progress: Callable[[float, str], None] | None = None,
+        poll_s: float = 0.5,
+    ) -> float:
+        """Wait for /health to answer 200; returns seconds taken. Raises LaunchError on death or timeout."""
+        deadline = self.started_at + timeout_s
+        while True:
+            code = self.exit_code()
+            if code is not None:
+                raise LaunchError(
+                    f"vLLM exited during start-up with code {code}",
+                    exit_code=code,
+                    log_tail=self.log_tail(),
+                )
+            if _health_ok(self.base_url):
+                return time.monotonic() - self.started_at
+            now = time.monotonic()
+            if on_progress is not None:
+                on_progress(now - self.started_at, self.last_log_line())
+            if now >= deadline:
+                raise LaunchError(
+                    f"vLLM did not answer {self.base_url}/health within {timeout_s:.0f} s",
+                    log_tail=self.log_tail(),
+                )
+            time.sleep(poll_s)
+
+    def stop(self, grace_s: float = 15.0) -> int | None:
+        """SIGTERM the whole process group, then SIGKILL what is left; waits until every member is gone."""
+        pgid = self.process.pid
+        _signal_group(pgid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            _signal_group(pgid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+        # vLLM's engine core and workers outlive the API server by a second or two.
+        deadline = time.monotonic() + grace_s
+        while _group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _group_alive(pgid):
+            _signal_group(pgid, signal.SIGKILL)
+            while _group_alive(pgid) and time.monotonic() < deadline + 10:
+                time.sleep(0.1)
+        return self.process.returncode
+
+
+def _health_ok(base_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{base_url}/health", timeout=2) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def start_server(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    log_path: Path,
+    host: str,
+    port: int,
+) -> ServerProcess:
+    """Start vLLM in a new session (its own process group) with stdout and stderr in `log_path`."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_file = log_path.open("ab")
+    try:
+        process = subprocess.Popen(
+            list(argv),
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        log_file.close()
+        raise LaunchError(f"could not start {argv[0]!r}: {exc.strerror}") from exc
+    log_file.close()
+    return ServerProcess(process=process, log_path=log_path, base_url=f"http://{host}:{port}")

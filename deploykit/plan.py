@@ -1,0 +1,348 @@
+"""From a profile and GPU facts: which fixes, why, and the exact `vllm serve` launch (argv + env)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from deploykit.facts import GpuFacts, ProbeFacts
+from deploykit.fixes import FIX_NAMES, load_fix
+from deploykit.fixes.base import Decision, DecisionInputs, FixDecision, FixMode
+from deploykit.fixes.penalties import effective_runner
+from deploykit.plugin import ENV_VAR as FIXES_ENV_VAR
+from deploykit.profile import BUILTIN_PREFIX, LoadedProfile, Profile, SecretRef
+from deploykit.vllm_compat import is_cpu_build
+
+# Flags the typed settings own; setting them again in extra_args would be ambiguous.
+_TYPED_FLAGS = {
+    "--served-model-name": "model.served_name",
+    "--host": "serve.host",
+    "--port": "serve.port",
+    "--dtype": "serve.dtype",
+    "--max-model-len": "serve.max_model_len",
+    "--tensor-parallel-size": "serve.tensor_parallel_size",
+    "-tp": "serve.tensor_parallel_size",
+    "--gpu-memory-utilization": "serve.gpu_memory_utilization",
+    "--enforce-eager": "serve.enforce_eager",
+    "--max-num-seqs": "serve.max_num_seqs",
+    "--kv-cache-memory-bytes": "serve.kv_cache_memory_bytes",
+    "--generation-config": "serve.generation_config",
+    "--enable-lora": "serve.lora.enabled",
+    "--lora-modules": "serve.lora.adapters",
+    "--max-lora-rank": "serve.lora.max_lora_rank",
+    "--max-loras": "serve.lora.max_loras",
+    "--api-key": "serve.api_key_env",
+    "--logits-processors": "fixes.device_penalties",
+}
+
+
+class ProfileRef(BaseModel):
+    name: str
+    id: str
+    path: str
+
+
+class RequirementsCheck(BaseModel):
+    status: Literal["compatible", "warnings", "incompatible", "unchecked"]
+    problems: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+
+class ArgvValidation(BaseModel):
+    status: Literal["ok", "error", "skipped"]
+    detail: str
+
+
+class Plan(BaseModel):
+    """The whole decision for one deployment. `env` holds secrets only as `${NAME}` references."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    profile: ProfileRef
+    facts: ProbeFacts
+    requires: RequirementsCheck
+    fixes: list[FixDecision]
+    argv: list[str]
+    env: dict[str, str]
+    secret_env: dict[str, str] = Field(
+        default_factory=dict, description="env name → the host variable its value is taken from at launch"
+    )
+    model_path: str
+    vllm_version: str | None
+    platform: str
+    model_runner: str
+    warnings: list[str] = Field(default_factory=list)
+    errors: list[str] = Field(default_factory=list)
+    validation: ArgvValidation = Field(
+        default_factory=lambda: ArgvValidation(status="skipped", detail="not run")
+    )
+
+    @property
+    def enabled_fixes(self) -> list[str]:
+        return [f.name for f in self.fixes if f.decision is Decision.ENABLED]
+
+    def shell(self) -> str:
+        """One copy-pasteable command; `shlex.split` gives back the env assignments and then the argv."""
+        parts = []
+        for key, value in self.env.items():
+            source = self.secret_env.get(key)
+            if source is not None:
+                parts.append(f'{key}="${{{source}:?set {source} in the environment}}"')
+            else:
+                parts.append(f"{key}={shlex.quote(value)}")
+        return " ".join([*parts, shlex.join(self.argv)])
+
+
+class PlanError(Exception):
+    pass
+
+
+def secret_reference(name: str) -> str:
+    return f"${{{name}}}"
+
+
+def resolve_model_path(profile: Profile) -> str:
+    """The path vLLM is given: builtin models resolve to their cache directory (built on first serve)."""
+    source = profile.model.source
+    if source.startswith(BUILTIN_PREFIX):
+        from deploykit.tinymodel import TinyModelRecipe, default_cache_dir
+
+        recipe = TinyModelRecipe()
+        return str(default_cache_dir() / f"tiny-llama-{recipe.behaviour}-{recipe.key()}")
+    return source
+
+
+def read_local_config(model_path: str) -> dict[str, object]:
+    config_path = Path(model_path) / "config.json"
+    try:
+        data = json.loads(config_path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def checkpoint_facts(profile: Profile, model_path: str) -> tuple[str | None, list[str]]:
+    """Checkpoint dtype and architectures: the profile's statement wins, else config.json when local."""
+    config = read_local_config(model_path)
+    text_config = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    assert isinstance(text_config, dict)
+    dtype: str | None = profile.model.checkpoint_dtype
+    if dtype is None:
+        raw = config.get("torch_dtype") or config.get("dtype") or text_config.get("torch_dtype")
+        dtype = str(raw) if raw else None
+    if profile.model.source.startswith(BUILTIN_PREFIX) and dtype is None:
+        dtype = "float32"
+    architectures: list[str]
+    if profile.model.architecture:
+        architectures = [profile.model.architecture]
+    else:
+        listed = config.get("architectures")
+        architectures = [str(a) for a in listed] if isinstance(listed, list) else []
+    return dtype, architectures
+
+
+def check_requirements(profile: Profile, facts: ProbeFacts) -> RequirementsCheck:
+    req = profile.requires
+    if profile.platform == "cpu":
+        return RequirementsCheck(status="compatible", notes=["CPU profile: GPU requirements do not apply"])
+    if not facts.gpus:
+        why = facts.error or "no GPU facts"
+        return RequirementsCheck(status="unchecked", notes=[f"requirements not checked: {why}"])
+    problems: list[str] = []
+    notes: list[str] = []
+    if len(facts.gpus) < req.gpu_count:
+        problems.append(f"needs {req.gpu_count} GPU(s), found {len(facts.gpus)}")
+    if profile.serve.tensor_parallel_size > len(facts.gpus):
+        problems.append(
+            f"tensor_parallel_size {profile.serve.tensor_parallel_size} > {len(facts.gpus)} GPU(s)"
+        )
+    used = facts.gpus[: max(req.gpu_count, profile.serve.tensor_parallel_size)]
+    for gpu in used:
+        problems.extend(_gpu_problems(profile, gpu))
+    names = sorted({g.name for g in used})
+    notes.append(f"checked against {', '.join(names)}")
+    if len({g.compute_capability for g in facts.gpus}) > 1:
+        return RequirementsCheck(
+            status="warnings" if not problems else "incompatible",
+            problems=problems,
+            notes=[*notes, "GPUs of different compute capability on one host"],
+        )
+    return RequirementsCheck(
+        status="incompatible" if problems else "compatible", problems=problems, notes=notes
+    )
+
+
+def _gpu_problems(profile: Profile, gpu: GpuFacts) -> list[str]:
+    req = profile.requires
+    problems: list[str] = []
+    label = f"GPU {gpu.index} ({gpu.name}, CC {gpu.compute_capability})"
+    if req.min_compute_capability:
+        wanted = tuple(int(p) for p in req.min_compute_capability.split("."))
+        if gpu.compute_capability_tuple < wanted:
+            problems.append(f"{label}: compute capability below {req.min_compute_capability}")
+    if req.architectures and gpu.arch not in req.architectures:
+        problems.append(f"{label}: architecture {gpu.arch} not in {', '.join(req.architectures)}")
+    if req.min_memory_mib and gpu.memory_total_mib is not None and gpu.memory_total_mib < req.min_memory_mib:
+        problems.append(f"{label}: {gpu.memory_total_mib} MiB < {req.min_memory_mib} MiB")
+    return problems
+
+
+def decision_inputs(profile: Profile, facts: ProbeFacts, model_path: str) -> DecisionInputs:
+    dtype, architectures = checkpoint_facts(profile, model_path)
+    version = profile.vllm_version or facts.vllm_version
+    platform = "cpu" if profile.platform == "cpu" or is_cpu_build(version) else "cuda"
+    return DecisionInputs(
+        gpus=facts.gpus,
+        vllm_version=version,
+        checkpoint_dtype=dtype,
+        model_architectures=architectures,
+        lora_enabled=profile.serve.lora.enabled,
+        penalties_expected=profile.workload.penalties,
+        model_runner=profile.serve.model_runner,
+        platform=platform,
+    )
+
+
+def decide_fixes(
+    profile: Profile, inputs: DecisionInputs, overrides: dict[str, FixMode]
+) -> list[FixDecision]:
+    decisions = []
+    for name in FIX_NAMES:
+        mode = overrides.get(name, getattr(profile.fixes, name))
+        decisions.append(load_fix(name).decide(inputs, mode))
+    return decisions
+
+
+def build_argv(profile: Profile, model_path: str, enabled: list[str], inputs: DecisionInputs) -> list[str]:
+    serve = profile.serve
+    argv = ["vllm", "serve", model_path, "--served-model-name", profile.served_name]
+    argv += ["--host", serve.host, "--port", str(serve.port)]
+    if serve.dtype != "auto":
+        argv += ["--dtype", serve.dtype]
+    optional: list[tuple[str, object | None]] = [
+        ("--max-model-len", serve.max_model_len),
+        ("--gpu-memory-utilization", serve.gpu_memory_utilization),
+        ("--max-num-seqs", serve.max_num_seqs),
+        ("--kv-cache-memory-bytes", serve.kv_cache_memory_bytes),
+        ("--generation-config", serve.generation_config),
+    ]
+    if serve.tensor_parallel_size != 1:
+        optional.append(("--tensor-parallel-size", serve.tensor_parallel_size))
+    for flag, value in optional:
+        if value is not None:
+            argv += [flag, str(value)]
+    if serve.enforce_eager:
+        argv.append("--enforce-eager")
+    if serve.lora.enabled:
+        argv += ["--enable-lora", "--max-lora-rank", str(serve.lora.max_lora_rank)]
+        argv += ["--max-loras", str(serve.lora.max_loras)]
+        if serve.lora.adapters:
+            argv += ["--lora-modules", *(f"{n}={p}" for n, p in serve.lora.adapters.items())]
+    for name in enabled:
+        argv += load_fix(name).launch_args(inputs)
+    argv += serve.extra_args
+    return argv
+
+
+def build_env(profile: Profile, enabled: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    env: dict[str, str] = {}
+    secrets: dict[str, str] = {}
+    for key, value in profile.env.items():
+        if isinstance(value, SecretRef):
+            env[key] = secret_reference(value.secret)
+            secrets[key] = value.secret
+        else:
+            env[key] = value
+    if profile.serve.api_key_env:
+        # vLLM reads VLLM_API_KEY; the value never appears in argv.
+        env["VLLM_API_KEY"] = secret_reference(profile.serve.api_key_env)
+        secrets["VLLM_API_KEY"] = profile.serve.api_key_env
+    if profile.serve.model_runner != "auto":
+        env["VLLM_USE_V2_MODEL_RUNNER"] = "1" if profile.serve.model_runner == "v2" else "0"
+    if enabled:
+        env[FIXES_ENV_VAR] = ",".join(enabled)
+    return env, secrets
+
+
+def _extra_arg_conflicts(profile: Profile) -> list[str]:
+    errors = []
+    for arg in profile.serve.extra_args:
+        flag = arg.split("=", 1)[0]
+        if flag in _TYPED_FLAGS:
+            errors.append(
+                f"serve.extra_args sets {flag}; use the profile field `{_TYPED_FLAGS[flag]}` instead"
+            )
+        if flag in ("--api-key", "--hf-token"):
+            errors.append(f"serve.extra_args must not carry {flag}: secrets never go in argv")
+    return errors
+
+
+def make_plan(
+    loaded: LoadedProfile,
+    facts: ProbeFacts,
+    overrides: dict[str, FixMode] | None = None,
+) -> Plan:
+    profile = loaded.profile
+    model_path = resolve_model_path(profile)
+    inputs = decision_inputs(profile, facts, model_path)
+    decisions = decide_fixes(profile, inputs, overrides or {})
+    enabled = [d.name for d in decisions if d.decision is Decision.ENABLED]
+    errors = _extra_arg_conflicts(profile)
+    warnings: list[str] = []
+    for decision in decisions:
+        if decision.decision is Decision.IMPOSSIBLE:
+            if decision.mode is FixMode.ON:
+                errors.append(f"fix {decision.name} is forced on but cannot apply: {decision.reason}")
+            else:
+                warnings.append(f"fix {decision.name}: {decision.reason}")
+    requires = check_requirements(profile, facts)
+    if requires.status == "incompatible":
+        warnings.extend(f"requires: {p}" for p in requires.problems)
+    if requires.status == "unchecked":
+        warnings.extend(requires.notes)
+    runner = effective_runner(inputs)
+    if profile.serve.model_runner == "v1" and "device_penalties" in enabled:
+        warnings.append(
+            "the profile selects vLLM's V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0) for device_penalties"
+        )
+    env, secrets = build_env(profile, enabled)
+    return Plan(
+        profile=ProfileRef(name=profile.name, id=loaded.id, path=str(loaded.path)),
+        facts=facts,
+        requires=requires,
+        fixes=decisions,
+        argv=build_argv(profile, model_path, enabled, inputs),
+        env=env,
+        secret_env=secrets,
+        model_path=model_path,
+        vllm_version=inputs.vllm_version,
+        platform=inputs.platform,
+        model_runner=runner,
+        warnings=warnings,
+        errors=errors,
+    )
+
+
+def validate_plan(plan: Plan) -> None:
+    """Check the argv with the installed vLLM's parser when vLLM is importable; record the outcome."""
+    from deploykit.vllm_args import ArgvRejected, validate_serve_argv, vllm_importable
+
+    if not vllm_importable():
+        plan.validation = ArgvValidation(
+            status="skipped", detail="vLLM is not installed here; argv not validated"
+        )
+        return
+    try:
+        parser_module = validate_serve_argv(plan.argv)
+    except ArgvRejected as exc:
+        plan.validation = ArgvValidation(status="error", detail=str(exc))
+        plan.errors.append(f"vLLM's own parser rejects the launch: {exc}")
+        return
+    except ImportError as exc:
+        plan.validation = ArgvValidation(status="skipped", detail=f"vLLM's parser could not be loaded: {exc}")
+        return
+    plan.validation = ArgvValidation(status="ok", detail=f"accepted by {parser_module}")

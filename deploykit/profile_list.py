@@ -1,0 +1,59 @@
+"""`deploykit profiles list`: every profile judged against one set of GPU facts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel
+
+from deploykit.facts import ProbeFacts
+from deploykit.profile import ProfileError, list_profile_paths, load_profile
+
+
+class ProfileRow(BaseModel):
+    name: str
+    path: str
+    status: Literal["compatible", "compatible_with_warnings", "incompatible", "invalid"]
+    enabled_fixes: list[str]
+    reasons: list[str]
+
+
+def assess_profiles(facts: ProbeFacts, extra_dir: Path | None = None) -> list[ProfileRow]:
+    from deploykit.plan import make_plan
+
+    rows = []
+    for path in list_profile_paths(extra_dir):
+        try:
+            loaded = load_profile(str(path))
+        except ProfileError as exc:
+            rows.append(
+                ProfileRow(
+                    name=path.stem,
+                    path=str(path),
+                    status="invalid",
+                    enabled_fixes=[],
+                    reasons=[str(issue) for issue in exc.issues],
+                )
+            )
+            continue
+        plan = make_plan(loaded, facts)
+        if plan.errors or plan.requires.status == "incompatible":
+            status: Literal["compatible", "compatible_with_warnings", "incompatible", "invalid"] = (
+                "incompatible"
+            )
+            reasons = [*plan.errors, *plan.requires.problems]
+        elif plan.warnings:
+            status, reasons = "compatible_with_warnings", plan.warnings
+        else:
+            status, reasons = "compatible", plan.requires.notes
+        rows.append(
+            ProfileRow(
+                name=loaded.profile.name,
+                path=str(path),
+                status=status,
+                enabled_fixes=plan.enabled_fixes,
+                reasons=reasons,
+            )
+        )
+    return rows

@@ -1,0 +1,103 @@
+"""Rich output for people. Machines use `--format json`, which never goes through here."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from deploykit.facts import ProbeFacts
+    from deploykit.fix_status import FixRow
+    from deploykit.plan import Plan
+    from deploykit.profile_list import ProfileRow
+
+console = Console()
+
+_DECISION_STYLE = {"enabled": "bold green", "not_needed": "dim", "impossible": "bold red"}
+
+
+def print_probe(facts: ProbeFacts) -> None:
+    console.print(
+        f"driver {facts.driver_version or '-'}  CUDA driver {facts.cuda_driver_version or '-'}  "
+        f"vllm {facts.vllm_version or 'not installed'}  torch {facts.torch_version or 'not installed'}"
+    )
+    if not facts.gpus:
+        return
+    table = Table("#", "name", "CC", "arch", "BF16", "FP8", "Hopper", "memory MiB (free)", "MIG", "uuid")
+    for gpu in facts.gpus:
+        table.add_row(
+            str(gpu.index),
+            gpu.name,
+            gpu.compute_capability,
+            gpu.arch,
+            _yes(gpu.bf16_native),
+            _yes(gpu.fp8_native),
+            _yes(gpu.is_hopper),
+            _memory(gpu.memory_total_mib, gpu.memory_free_mib),
+            gpu.mig_mode or "n/a",
+            gpu.uuid or "-",
+        )
+    console.print(table)
+    for gpu in facts.gpus:
+        for error in gpu.errors:
+            console.print(f"[yellow]GPU {gpu.index}: {error}[/yellow]")
+
+
+def _memory(total: int | None, free: int | None) -> str:
+    return f"{'-' if total is None else total} ({'-' if free is None else free})"
+
+
+def _yes(value: bool) -> str:
+    return "yes" if value else "no"
+
+
+def print_plan(plan: Plan) -> None:
+    console.print(
+        f"[bold]profile[/bold] {plan.profile.name}  id {plan.profile.id[:12]}  ({plan.profile.path})"
+    )
+    gpus = ", ".join(f"{g.name} (CC {g.compute_capability})" for g in plan.facts.gpus) or "none"
+    console.print(
+        f"[bold]facts[/bold] GPUs: {gpus}; vLLM target {plan.vllm_version or 'unknown'} ({plan.platform}, "
+        f"{plan.model_runner} model runner); source {plan.facts.source}"
+    )
+    why = "; ".join(plan.requires.problems + plan.requires.notes)
+    console.print(f"[bold]requires[/bold] {plan.requires.status}: {why}")
+    for group in ("enabled", "not_needed", "impossible"):
+        members = [f for f in plan.fixes if f.decision.value == group]
+        if not members:
+            continue
+        console.print(f"[{_DECISION_STYLE[group]}]{group.replace('_', ' ')}[/]")
+        for fix in members:
+            console.print(f"  {fix.name} ({fix.mode.value}): {fix.reason}", markup=False)
+    console.print("[bold]launch[/bold]")
+    console.print(plan.shell(), markup=False, soft_wrap=True)
+    console.print(f"[bold]vLLM argv check[/bold] {plan.validation.status}: {plan.validation.detail}")
+    for warning in plan.warnings:
+        console.print(f"[yellow]warning:[/yellow] {warning}")
+
+
+def print_profile_rows(rows: list[ProfileRow]) -> None:
+    table = Table("profile", "status", "fixes", "why")
+    style = {
+        "compatible": "green",
+        "compatible_with_warnings": "yellow",
+        "incompatible": "red",
+        "invalid": "bold red",
+    }
+    for row in rows:
+        table.add_row(
+            row.name,
+            f"[{style[row.status]}]{row.status.replace('_', ' ')}[/]",
+            ", ".join(row.enabled_fixes) or "-",
+            "\n".join(row.reasons) or "-",
+        )
+    console.print(table)
+
+
+def print_fix_rows(rows: list[FixRow]) -> None:
+    table = Table("fix", "status", "patches", "detail")
+    for row in rows:
+        table.add_row(row.name, row.status.value, row.patches, row.detail)
+    console.print(table)
