@@ -40,3 +40,9 @@ def test_chat_returns_prompt_and_output_ids(tiny_vllm: RunningServer) -> None:
 def test_server_is_its_own_process_group(tiny_vllm: RunningServer) -> None:
     pid = tiny_vllm.process.pid
     assert os.getpgid(pid) == pid
+
+
+def test_plugin_loads_in_real_vllm_and_does_nothing_when_unset(tiny_vllm: RunningServer) -> None:
+    log = tiny_vllm.process.log_tail(max_lines=100000)
+    assert "Failed to load plugin" not in log
+    assert "deploykit: applied fix" not in log

@@ -1,0 +1,224 @@
+"""Plans: each fix rule against real GPU facts, the launch it writes, and vLLM's own parser on it."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from deploykit.facts import ProbeFacts
+from deploykit.fixes.base import Decision, FixMode
+from deploykit.plan import Plan, make_plan, validate_plan
+from deploykit.profile import LoadedProfile, load_profile, parse_profile
+
+REPO = Path(__file__).resolve().parents[1]
+FACTS_DIR = REPO / "tests" / "fixtures" / "facts"
+
+
+def facts(gpu: str, vllm_version: str = "0.33.0") -> ProbeFacts:
+    """Saved probe facts of a real GPU model (tests/fixtures/facts), as if the target ran `vllm_version`."""
+    loaded = ProbeFacts.model_validate_json((FACTS_DIR / f"{gpu}.json").read_text())
+    return loaded.model_copy(update={"vllm_version": vllm_version})
+
+
+def plan_for(profile: str, gpu: str, vllm_version: str = "0.33.0", **overrides: FixMode) -> Plan:
+    return make_plan(load_profile(profile), facts(gpu, vllm_version), overrides)
+
+
+def decision(plan: Plan, name: str) -> tuple[Decision, str]:
+    found = next(f for f in plan.fixes if f.name == name)
+    return found.decision, found.reason
+
+
+@pytest.mark.parametrize("gpu", ["t4", "rtx-2080-ti", "v100"])
+def test_fp32_projection_enabled_without_native_bf16(gpu: str) -> None:
+    plan = plan_for("gemma4-turing", gpu)
+    verdict, reason = decision(plan, "fp32_projection")
+    assert verdict is Decision.ENABLED
+    assert plan.facts.gpus[0].compute_capability in reason and "bfloat16" in reason
+    assert plan.env["DEPLOYKIT_FIXES"] == "fp32_projection"
+
+
+@pytest.mark.parametrize("gpu", ["a100", "h100", "l4"])
+def test_fp32_projection_not_needed_with_native_bf16(gpu: str) -> None:
+    plan = plan_for("gemma4-turing", gpu)
+    verdict, reason = decision(plan, "fp32_projection")
+    assert verdict is Decision.NOT_NEEDED
+    assert "native BF16" in reason
+    assert "DEPLOYKIT_FIXES" not in plan.env
+
+
+@pytest.mark.parametrize("gpu", ["h20", "h100", "h200"])
+def test_matmul_lora_enabled_on_hopper(gpu: str) -> None:
+    plan = plan_for("qwen-lora-hopper", gpu)
+    verdict, reason = decision(plan, "matmul_lora")
+    assert verdict is Decision.ENABLED
+    assert "Hopper" in reason and "9.0" in reason
+    assert "--enable-lora" in plan.argv
+
+
+@pytest.mark.parametrize("gpu", ["t4", "a100", "b200"])
+def test_matmul_lora_not_needed_off_hopper(gpu: str) -> None:
+    verdict, reason = decision(plan_for("qwen-lora-hopper", gpu), "matmul_lora")
+    assert verdict is Decision.NOT_NEEDED
+    assert "not Hopper" in reason
+
+
+def test_matmul_lora_forced_on_without_lora_is_an_error() -> None:
+    plan = plan_for("gemma4-turing", "h100", matmul_lora=FixMode.ON)
+    assert decision(plan, "matmul_lora")[0] is Decision.IMPOSSIBLE
+    assert any("matmul_lora is forced on" in e for e in plan.errors)
+
+
+def _penalties_profile(runner: str) -> LoadedProfile:
+    loaded = load_profile("penalties-high-concurrency")
+    profile = loaded.profile.model_copy(deep=True)
+    profile.serve.model_runner = runner  # type: ignore[assignment]
+    return LoadedProfile(profile=profile, path=loaded.path)
+
+
+@pytest.mark.parametrize(
+    ("vllm_version", "runner", "expected"),
+    [
+        ("0.31.2", "auto", Decision.ENABLED),  # V1 runner by default before 0.32
+        ("0.33.0", "auto", Decision.NOT_NEEDED),  # V2 runner by default: penalties already on the device
+        ("0.33.0", "v1", Decision.ENABLED),  # the profile pins V1: the plan says so
+        ("0.32.0+cpu", "auto", Decision.ENABLED),  # the CPU build has no Triton: V1 runner
+    ],
+)
+def test_device_penalties_follows_the_target_vllm(vllm_version: str, runner: str, expected: Decision) -> None:
+    plan = make_plan(_penalties_profile(runner), facts("a100", vllm_version))
+    verdict, reason = decision(plan, "device_penalties")
+    assert verdict is expected, reason
+    assert vllm_version in reason
+    has_processor = "--logits-processors" in plan.argv
+    assert has_processor is (expected is Decision.ENABLED)
+    if runner == "v1":
+        assert plan.env["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+        assert any("V1 model runner" in w for w in plan.warnings)
+
+
+def test_device_penalties_forced_on_a_v2_runner_is_refused() -> None:
+    plan = make_plan(_penalties_profile("auto"), facts("a100", "0.33.0"), {"device_penalties": FixMode.ON})
+    assert any("rejects V1-interface logits processors" in e for e in plan.errors)
+    assert "--logits-processors" not in plan.argv
+
+
+def test_off_disables_a_fix_that_auto_would_enable() -> None:
+    plan = plan_for("gemma4-turing", "t4", fp32_projection=FixMode.OFF)
+    assert decision(plan, "fp32_projection") == (Decision.NOT_NEEDED, "turned off by the profile")
+
+
+def test_requirements_are_checked_against_the_gpu() -> None:
+    assert plan_for("qwen-lora-hopper", "h100").requires.status == "compatible"
+    incompatible = plan_for("qwen-lora-hopper", "t4").requires
+    assert incompatible.status == "incompatible"
+    assert any("turing not in hopper" in p for p in incompatible.problems)
+    assert any("MiB" in p for p in incompatible.problems)
+
+
+def test_shell_output_round_trips_through_shlex() -> None:
+    plan = plan_for("qwen-lora-hopper", "h20")
+    words = shlex.split(plan.shell())
+    assert words[len(plan.env) :] == plan.argv
+    assert [w.split("=", 1)[0] for w in words[: len(plan.env)]] == list(plan.env)
+
+
+def test_awkward_argv_values_survive_shell_quoting(tmp_path: Path) -> None:
+    text = (
+        "name: quoting\nmodel:\n  source: \"/models/it's here/$HOME\"\n  served_name: 'a b'\n"
+        "serve:\n  extra_args: ['--chat-template', '{{ x }} \"q\" ; rm -rf /']\n"
+        "env:\n  NOTE: \"two words; $(whoami)\"\n"
+    )
+    loaded = LoadedProfile(profile=parse_profile(text), path=tmp_path / "q.yaml")
+    plan = make_plan(loaded, facts("a100"))
+    words = shlex.split(plan.shell())
+    assert words[len(plan.env) :] == plan.argv
+    assert words[0] == "NOTE=two words; $(whoami)"
+
+
+def test_secrets_are_references_never_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_SECRET_VALUE_123")
+    monkeypatch.setenv("DEPLOYKIT_API_KEY", "sk-SECRET-456")
+    plan = plan_for("gemma4-turing", "t4")
+    dumped = plan.model_dump_json() + plan.shell()
+    assert "hf_SECRET_VALUE_123" not in dumped and "sk-SECRET-456" not in dumped
+    assert plan.env["HF_TOKEN"] == "${HF_TOKEN}"
+    assert plan.secret_env == {"HF_TOKEN": "HF_TOKEN", "VLLM_API_KEY": "DEPLOYKIT_API_KEY"}
+    assert "--api-key" not in plan.argv
+
+
+def test_extra_args_may_not_repeat_a_typed_setting(tmp_path: Path) -> None:
+    text = "name: x\nmodel: {source: /m}\nserve:\n  extra_args: ['--max-model-len', '4096', '--api-key=abc']\n"
+    plan = make_plan(LoadedProfile(parse_profile(text), tmp_path / "x.yaml"), facts("a100"))
+    assert any("serve.max_model_len" in e for e in plan.errors)
+    assert any("secrets never go in argv" in e for e in plan.errors)
+
+
+def test_json_plan_has_the_documented_keys() -> None:
+    data = json.loads(plan_for("gemma4-turing", "rtx-2080-ti").model_dump_json())
+    for key in ("profile", "facts", "fixes", "argv", "env", "warnings"):
+        assert key in data
+    assert set(data["profile"]) >= {"name", "id"}
+    assert all(set(f) >= {"name", "decision", "reason"} for f in data["fixes"])
+
+
+def test_real_vllm_parser_accepts_the_demo_and_rejects_a_bogus_flag(tmp_path: Path) -> None:
+    """vLLM's own parser (the CPU build installed here) checks the argv; an unknown flag is named."""
+    good = make_plan(load_profile("demo-cpu"), ProbeFacts(vllm_version="0.32.0+cpu"))
+    validate_plan(good)
+    assert good.validation.status == "ok", good.validation.detail
+    text = "name: x\nplatform: cpu\nmodel: {source: /m}\nserve:\n  extra_args: ['--no-such-flag', '3']\n"
+    bad = make_plan(LoadedProfile(parse_profile(text), tmp_path / "x.yaml"), ProbeFacts(vllm_version="0.32.0+cpu"))
+    validate_plan(bad)
+    assert bad.validation.status == "error"
+    assert "--no-such-flag" in bad.validation.detail
+    assert any("--no-such-flag" in e for e in bad.errors)
+
+
+def _deploykit(*args: str) -> subprocess.CompletedProcess[str]:
+    exe = Path(sys.executable).parent / "deploykit"
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_plan_with_saved_facts_from_any_directory(tmp_path: Path) -> None:
+    result = _deploykit(
+        "plan", "--profile", "gemma4-turing", "--facts", str(FACTS_DIR / "t4.json"), "--no-validate", "-f", "json"
+    )
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["env"]["DEPLOYKIT_FIXES"] == "fp32_projection"
+
+
+def test_cli_plan_fix_override_and_error_exit() -> None:
+    result = _deploykit(
+        "plan", "-p", "demo-cpu", "--fix", "matmul_lora=on", "--no-validate", "-f", "json"
+    )
+    assert result.returncode == 2
+    assert "matmul_lora is forced on" in result.stderr
+    bad = _deploykit("plan", "-p", "demo-cpu", "--fix", "nonsense=on", "--no-validate")
+    assert bad.returncode == 2 and "NAME=on|off|auto" in bad.stderr
+
+
+def test_cli_plan_broken_profile_lists_located_errors(tmp_path: Path) -> None:
+    path = tmp_path / "b.yaml"
+    path.write_text("name: b\nmodel: {source: /m}\nserve:\n  port: -1\n  dtyp: half\n")
+    result = _deploykit("plan", "-p", str(path), "--no-validate")
+    assert result.returncode == 2
+    assert f"{path}:4:9: serve.port:" in result.stderr
+    assert f"{path}:5:3: serve.dtyp: unknown key" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_profiles_list_judges_each_profile() -> None:
+    result = _deploykit("profiles", "list", "--facts", str(FACTS_DIR / "t4.json"), "-f", "json")
+    assert result.returncode == 0, result.stderr
+    rows = {row["name"]: row for row in json.loads(result.stdout)}
+    assert rows["gemma4-turing"]["status"] in ("compatible", "compatible_with_warnings")
+    assert rows["gemma4-turing"]["enabled_fixes"] == ["fp32_projection"]
+    assert rows["qwen-lora-hopper"]["status"] == "incompatible"
+    assert rows["demo-cpu"]["status"] == "compatible"
