@@ -1,9 +1,93 @@
-"""`deploykit render systemd|helm` (being built: issue 8)."""
+"""`deploykit render systemd|helm`: the planned launch as a systemd unit or a Helm chart.
+
+Both start from the same plan as `deploykit plan`, so all three forms carry the same vLLM argv and fix
+environment. Nothing here imports torch or vLLM, at import time or when rendering.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
 import typer
+
+if TYPE_CHECKING:
+    from deploykit.render.common import RenderResult
+
+render_app = typer.Typer(
+    help="Write the planned launch as a systemd unit or a Helm chart.", no_args_is_help=True
+)
+
+OutOption = Annotated[Path, typer.Option("--out", "-o", help="Directory to write the files into.")]
+
+
+def _report(result: RenderResult, out: Path) -> None:
+    from deploykit.render.common import write_files
+
+    for warning in result.warnings:
+        typer.echo(f"deploykit render: warning: {warning}", err=True)
+    for path in write_files(result, out):
+        typer.echo(str(path))
+
+
+@render_app.command("systemd")
+def render_systemd(
+    profile: Annotated[str, typer.Option("--profile", "-p", help="A profile file or a profile's name.")],
+    out: OutOption,
+    facts: Annotated[
+        Path | None, typer.Option("--facts", help="A saved `deploykit probe --save FILE` (default: probe).")
+    ] = None,
+    fix: Annotated[list[str] | None, typer.Option("--fix", help="Override a fix: NAME=on|off|auto.")] = None,
+    prefix: Annotated[
+        Path | None,
+        typer.Option(
+            "--prefix",
+            help="The environment on the target host whose bin/ holds vllm and deploykit "
+            "(default: this deploykit's environment).",
+        ),
+    ] = None,
+) -> None:
+    """A hardened service unit, a smoke companion, a secrets file template and a sysusers entry."""
+    import sys
+
+    from deploykit.cli import fail, gather_facts, open_profile, parse_fix_overrides
+    from deploykit.render.common import RenderError, plan_for_render
+    from deploykit.render.systemd import SystemdOptions
+    from deploykit.render.systemd import render_systemd as render
+
+    loaded = open_profile(profile)
+    try:
+        plan = plan_for_render(loaded, gather_facts(facts), parse_fix_overrides(fix))
+        target = (prefix or Path(sys.prefix)).absolute()
+        result = render(plan, loaded, SystemdOptions(prefix=target))
+    except RenderError as exc:
+        fail(f"render systemd: {exc}")
+    _report(result, out)
+
+
+@render_app.command("helm")
+def render_helm(
+    profile: Annotated[str, typer.Option("--profile", "-p", help="A profile file or a profile's name.")],
+    out: OutOption,
+    facts: Annotated[
+        Path | None, typer.Option("--facts", help="A saved `deploykit probe --save FILE` (default: probe).")
+    ] = None,
+    fix: Annotated[list[str] | None, typer.Option("--fix", help="Override a fix: NAME=on|off|auto.")] = None,
+) -> None:
+    """A Helm chart (apiVersion v2): Deployment, Service, profile ConfigMap and a smoke test hook."""
+    from deploykit.cli import fail, gather_facts, open_profile, parse_fix_overrides
+    from deploykit.render.common import RenderError, plan_for_render
+    from deploykit.render.helm import render_helm as render
+
+    loaded = open_profile(profile)
+    try:
+        plan = plan_for_render(loaded, gather_facts(facts), parse_fix_overrides(fix))
+        result = render(plan, loaded)
+    except RenderError as exc:
+        fail(f"render helm: {exc}")
+    _report(result, out)
 
 
 def register(app: typer.Typer) -> None:
     """Add the render commands to the app."""
+    app.add_typer(render_app, name="render")

@@ -1,0 +1,226 @@
+"""A systemd service unit, its smoke companion, a secrets file template and a sysusers entry from a plan.
+
+The unit's ExecStart is the plan's argv, quoted by systemd's rules, so `deploykit plan` and the unit run
+the same vLLM command by construction.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel
+
+from deploykit.render.common import (
+    RenderedFile,
+    RenderError,
+    RenderResult,
+    gpu_count,
+    jinja_environment,
+    plain_env,
+)
+
+if TYPE_CHECKING:
+    from deploykit.plan import Plan
+    from deploykit.profile import LoadedProfile
+
+# Words systemd takes literally: no quotes, no escapes, no `$` expansion, no `%` specifiers.
+_PLAIN_WORD = re.compile(r"^[A-Za-z0-9_@+,./:=-]+$")
+ENV_DIR = "/etc/deploykit"
+# Beyond the profile's start-up time: process start, and the gap between health polls.
+START_TIMEOUT_MARGIN_S = 60
+
+
+class SystemdOptions(BaseModel):
+    """Where the deployment's software lives on the target host."""
+
+    prefix: Path
+    """The environment (virtualenv or system prefix) whose bin/ holds vllm, deploykit and python."""
+
+
+class SecretLine(BaseModel):
+    name: str
+    why: str
+
+
+def quote_word(word: str) -> str:
+    """One argv word for ExecStart=: `%` and `$` doubled (no specifier or variable expansion), quoted when
+    it holds anything but plain characters."""
+    escaped = word.replace("%", "%%").replace("$", "$$")
+    if _PLAIN_WORD.match(word):
+        return escaped
+    escaped = escaped.replace("\\", "\\\\").replace('"', '\\"')
+    escaped = escaped.replace("\n", "\\n").replace("\t", "\\t")
+    return f'"{escaped}"'
+
+
+def command_line(argv: list[str]) -> str:
+    """ExecStart= value: one flag and its values per continued line, so the unit stays readable."""
+    if not argv or not argv[0].startswith("/"):
+        raise RenderError(f"ExecStart needs an absolute executable path, got {argv[:1]}")
+    lines: list[list[str]] = [[]]
+    for word in argv:
+        if word.startswith("-") and lines[-1]:
+            lines.append([])
+        lines[-1].append(quote_word(word))
+    return " \\\n    ".join(" ".join(line) for line in lines)
+
+
+def environment_assignment(key: str, value: str) -> str:
+    """Environment= value: `%` doubled, quoted with backslash escapes (no `$` expansion happens here)."""
+    text = f"{key}={value}".replace("%", "%%")
+    if _PLAIN_WORD.match(f"{key}={value}"):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def unit_name(loaded: LoadedProfile) -> str:
+    return f"deploykit-{loaded.profile.name}"
+
+
+def device_nodes(count: int, facts_mig: bool) -> list[str]:
+    """NVIDIA nodes a CUDA process opens: the control and UVM nodes, one node per GPU used."""
+    if count == 0:
+        return []
+    nodes = ["/dev/nvidiactl rw", "/dev/nvidia-uvm rw", "/dev/nvidia-uvm-tools rw"]
+    nodes += [f"/dev/nvidia{index} rw" for index in range(count)]
+    if facts_mig:
+        nodes.append("char-nvidia-caps r")
+    return nodes
+
+
+def service_environment(plan: Plan, loaded: LoadedProfile, state_dir: str, count: int) -> dict[str, str]:
+    """HOME and caches inside the writable paths, the GPUs the unit may open; the plan's own env wins."""
+    cache_dir = loaded.profile.deploy.cache_dir.rstrip("/")
+    env = {
+        "HOME": state_dir,
+        "XDG_CACHE_HOME": cache_dir,
+        "HF_HOME": f"{cache_dir}/huggingface",
+        "VLLM_CACHE_ROOT": f"{cache_dir}/vllm",
+    }
+    if count:
+        # Only the GPUs that DeviceAllow= opens, in the order nvidia-smi and the device nodes use.
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(count))
+    env.update(plain_env(plan))
+    return env
+
+
+def secret_lines(plan: Plan) -> list[SecretLine]:
+    """One line per secret the server reads; the smoke companion reads the API key from the same line."""
+    lines = []
+    for key, source in plan.secret_env.items():
+        why = f"read by vLLM; in `deploykit plan --format shell` it comes from ${source}"
+        if key == "VLLM_API_KEY":
+            why += "; the smoke companion reads it too (--api-key-env VLLM_API_KEY)"
+        lines.append(SecretLine(name=key, why=why))
+    return lines
+
+
+def smoke_url(loaded: LoadedProfile) -> str:
+    host = loaded.profile.serve.host
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{loaded.profile.serve.port}"
+
+
+def smoke_ip_allow(loaded: LoadedProfile) -> str:
+    """The addresses the smoke client may reach: loopback, and the server's own address when it is one."""
+    import ipaddress
+
+    host = loaded.profile.serve.host
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return ""  # a host name: its address is not known here, so no IP allow list
+    if address.is_unspecified or address.is_loopback:
+        return "localhost"
+    return f"localhost {address}"
+
+
+def render_systemd(plan: Plan, loaded: LoadedProfile, options: SystemdOptions) -> RenderResult:
+    from deploykit import __version__
+
+    profile = loaded.profile
+    if plan.argv[:2] != ["vllm", "serve"]:
+        raise RenderError(f"the plan's argv does not start with `vllm serve`: {plan.argv[:2]}")
+    unit = unit_name(loaded)
+    smoke_unit = f"{unit}-smoke"
+    state_dir_name = unit
+    state_dir = f"/var/lib/{state_dir_name}"
+    bin_dir = options.prefix / "bin"
+    count = gpu_count(plan, loaded)
+    mig = any(gpu.mig_mode == "enabled" for gpu in plan.facts.gpus)
+    cache_dir = profile.deploy.cache_dir.rstrip("/")
+    if not cache_dir.startswith("/"):
+        raise RenderError(f"deploy.cache_dir must be an absolute path, got {profile.deploy.cache_dir!r}")
+    cache_directory = cache_dir.removeprefix("/var/cache/") if cache_dir.startswith("/var/cache/") else ""
+    env_file = f"{ENV_DIR}/{profile.name}.env"
+    profile_file = f"{ENV_DIR}/{profile.name}.yaml"
+    url = smoke_url(loaded)
+    secrets = secret_lines(plan)
+    environment = service_environment(plan, loaded, state_dir, count)
+    wait_health = [
+        str(bin_dir / "python"),
+        "-m",
+        "deploykit.render.wait_health",
+        f"{url}/health",
+        "--timeout-s",
+        str(profile.deploy.startup_timeout_s),
+    ]
+    smoke_argv = [str(bin_dir / "deploykit"), "smoke", "--url", url, "--profile", profile_file]
+    if "VLLM_API_KEY" in plan.secret_env:
+        smoke_argv += ["--api-key-env", "VLLM_API_KEY"]  # the server's key, from the same secrets file
+    smoke_timeout = int(profile.smoke.timeout_s) * 6 + START_TIMEOUT_MARGIN_S
+    context = {
+        "deploykit_version": __version__,
+        "profile_name": profile.name,
+        "profile_id": loaded.id,
+        "served_name": profile.served_name,
+        "unit": unit,
+        "smoke_unit": smoke_unit,
+        "user": profile.deploy.user,
+        "state_dir": state_dir,
+        "state_dir_name": state_dir_name,
+        "cache_dir": cache_dir,
+        "cache_directory": cache_directory,
+        "exec_start": command_line([str(bin_dir / "vllm"), *plan.argv[1:]]),
+        "wait_health": command_line(wait_health),
+        "smoke_exec": command_line(smoke_argv),
+        "start_timeout_s": profile.deploy.startup_timeout_s + START_TIMEOUT_MARGIN_S,
+        "smoke_timeout_s": smoke_timeout,
+        # A plan that reads secrets must not start without them: no `-` (optional) prefix then.
+        "env_file": env_file,
+        "env_file_line": env_file if plan.secret_env else f"-{env_file}",
+        "environment": [environment_assignment(k, v) for k, v in environment.items()],
+        "device_allow": device_nodes(count, mig),
+        "secrets": secrets,
+        "smoke_ip_allow": smoke_ip_allow(loaded),
+    }
+    jinja = jinja_environment()
+    files = [
+        RenderedFile(
+            path=f"{unit}.service", content=jinja.get_template("systemd/server.service.j2").render(context)
+        ),
+        RenderedFile(
+            path=f"{smoke_unit}.service",
+            content=jinja.get_template("systemd/smoke.service.j2").render(context),
+        ),
+        RenderedFile(
+            path=f"{profile.name}.env.example",
+            content=jinja.get_template("systemd/secrets.env.j2").render(context),
+            mode=0o600,
+        ),
+        RenderedFile(
+            path=f"{unit}.sysusers.conf",
+            content=jinja.get_template("systemd/sysusers.conf.j2").render(context),
+        ),
+        RenderedFile(path=f"{profile.name}.yaml", content=loaded.path.read_text()),
+    ]
+    warnings = list(plan.warnings)
+    if plan.platform == "cuda" and not plan.facts.gpus:
+        warnings.append(f"no GPU facts: the unit allows GPUs 0..{count - 1} by index")
+    return RenderResult(files=files, warnings=warnings)
