@@ -132,7 +132,7 @@ def test_awkward_argv_values_survive_shell_quoting(tmp_path: Path) -> None:
     text = (
         "name: quoting\nmodel:\n  source: \"/models/it's here/$HOME\"\n  served_name: 'a b'\n"
         "serve:\n  extra_args: ['--chat-template', '{{ x }} \"q\" ; rm -rf /']\n"
-        "env:\n  NOTE: \"two words; $(whoami)\"\n"
+        'env:\n  NOTE: "two words; $(whoami)"\n'
     )
     loaded = LoadedProfile(profile=parse_profile(text), path=tmp_path / "q.yaml")
     plan = make_plan(loaded, facts("a100"))
@@ -153,7 +153,9 @@ def test_secrets_are_references_never_values(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_extra_args_may_not_repeat_a_typed_setting(tmp_path: Path) -> None:
-    text = "name: x\nmodel: {source: /m}\nserve:\n  extra_args: ['--max-model-len', '4096', '--api-key=abc']\n"
+    text = (
+        "name: x\nmodel: {source: /m}\nserve:\n  extra_args: ['--max-model-len', '4096', '--api-key=abc']\n"
+    )
     plan = make_plan(LoadedProfile(parse_profile(text), tmp_path / "x.yaml"), facts("a100"))
     assert any("serve.max_model_len" in e for e in plan.errors)
     assert any("secrets never go in argv" in e for e in plan.errors)
@@ -173,7 +175,8 @@ def test_real_vllm_parser_accepts_the_demo_and_rejects_a_bogus_flag(tmp_path: Pa
     validate_plan(good)
     assert good.validation.status == "ok", good.validation.detail
     text = "name: x\nplatform: cpu\nmodel: {source: /m}\nserve:\n  extra_args: ['--no-such-flag', '3']\n"
-    bad = make_plan(LoadedProfile(parse_profile(text), tmp_path / "x.yaml"), ProbeFacts(vllm_version="0.32.0+cpu"))
+    cpu_facts = ProbeFacts(vllm_version="0.32.0+cpu")
+    bad = make_plan(LoadedProfile(parse_profile(text), tmp_path / "x.yaml"), cpu_facts)
     validate_plan(bad)
     assert bad.validation.status == "error"
     assert "--no-such-flag" in bad.validation.detail
@@ -186,18 +189,15 @@ def _deploykit(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_cli_plan_with_saved_facts_from_any_directory(tmp_path: Path) -> None:
-    result = _deploykit(
-        "plan", "--profile", "gemma4-turing", "--facts", str(FACTS_DIR / "t4.json"), "--no-validate", "-f", "json"
-    )
+    t4 = str(FACTS_DIR / "t4.json")
+    result = _deploykit("plan", "--profile", "gemma4-turing", "--facts", t4, "--no-validate", "-f", "json")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["env"]["DEPLOYKIT_FIXES"] == "fp32_projection"
 
 
 def test_cli_plan_fix_override_and_error_exit() -> None:
-    result = _deploykit(
-        "plan", "-p", "demo-cpu", "--fix", "matmul_lora=on", "--no-validate", "-f", "json"
-    )
+    result = _deploykit("plan", "-p", "demo-cpu", "--fix", "matmul_lora=on", "--no-validate", "-f", "json")
     assert result.returncode == 2
     assert "matmul_lora is forced on" in result.stderr
     bad = _deploykit("plan", "-p", "demo-cpu", "--fix", "nonsense=on", "--no-validate")

@@ -59,7 +59,7 @@ def test_each_named_fix_applies_once_per_process(
 
 def test_unknown_fix_name_fails_loudly(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(plugin.ENV_VAR, "fp32_projection,fp16_everything")
-    with pytest.raises(FixError, match="unknown fix.*fp16_everything.*known fixes"):
+    with pytest.raises(FixError, match=r"unknown fix.*fp16_everything.*known fixes"):
         plugin.register()
 
 

@@ -34,16 +34,28 @@ BROKEN = [
     pytest.param("name: x\n  bad indent: 1\n", ["2:13: (yaml)"], "YAML syntax", id="yaml-indent"),
     pytest.param(MINIMAL + "name: again\n", ["4:1: name"], "duplicate key", id="duplicate-top-key"),
     pytest.param(
-        MINIMAL + "serve:\n  port: 1\n  port: 2\n", ["6:3: serve.port"], "duplicate key", id="duplicate-nested-key"
+        MINIMAL + "serve:\n  port: 1\n  port: 2\n",
+        ["6:3: serve.port"],
+        "duplicate key",
+        id="duplicate-nested-key",
     ),
     pytest.param("name: x\n", ["1:1: model"], "required", id="missing-model"),
     pytest.param(MINIMAL + "modle: {}\n", ["4:1: modle"], "unknown key", id="unknown-top-key"),
-    pytest.param(MINIMAL + "serve:\n  max_model_len: lots\n", ["5:18: serve.max_model_len"], "integer", id="wrong-type"),
-    pytest.param(MINIMAL + "serve:\n  port: 70000\n", ["5:9: serve.port"], "65535", id="out-of-range"),
-    pytest.param(MINIMAL + "fixes:\n  matmul_lora: maybe\n", ["5:16: fixes.matmul_lora"], "'auto'", id="bad-mode"),
-    pytest.param(MINIMAL + "fixes:\n  fp16_fix: on\n", ["5:3: fixes.fp16_fix"], "unknown key", id="unknown-fix"),
     pytest.param(
-        MINIMAL + "env:\n  HF_TOKEN: hf_abcdef\n", ["5:13: env.HF_TOKEN"], "looks like a secret", id="secret-in-env"
+        MINIMAL + "serve:\n  max_model_len: lots\n", ["5:18: serve.max_model_len"], "integer", id="wrong-type"
+    ),
+    pytest.param(MINIMAL + "serve:\n  port: 70000\n", ["5:9: serve.port"], "65535", id="out-of-range"),
+    pytest.param(
+        MINIMAL + "fixes:\n  matmul_lora: maybe\n", ["5:16: fixes.matmul_lora"], "'auto'", id="bad-mode"
+    ),
+    pytest.param(
+        MINIMAL + "fixes:\n  fp16_fix: on\n", ["5:3: fixes.fp16_fix"], "unknown key", id="unknown-fix"
+    ),
+    pytest.param(
+        MINIMAL + "env:\n  HF_TOKEN: hf_abcdef\n",
+        ["5:13: env.HF_TOKEN"],
+        "looks like a secret",
+        id="secret-in-env",
     ),
     pytest.param(
         MINIMAL + "requires:\n  architectures: [turing, pascall]\n",
@@ -52,7 +64,10 @@ BROKEN = [
         id="bad-arch-in-list",
     ),
     pytest.param(
-        MINIMAL + "serve:\n  lora:\n    adapters: {a: /x}\n", ["5:3: serve.lora"], "enabled", id="adapters-without-lora"
+        MINIMAL + "serve:\n  lora:\n    adapters: {a: /x}\n",
+        ["5:3: serve.lora"],
+        "enabled",
+        id="adapters-without-lora",
     ),
     pytest.param(
         "name: Bad Name\nmodel:\n  source: builtin:giant\n",
@@ -85,7 +100,9 @@ def test_broken_profile_is_located(tmp_path: Path, text: str, locations: list[st
 
 def test_all_errors_are_reported_not_only_the_first(tmp_path: Path) -> None:
     path = tmp_path / "many.yaml"
-    path.write_text(MINIMAL + "serve:\n  port: 0\n  dtype: fp8\n  bogus: 1\nfixes:\n  matmul_lora: yes-please\n")
+    path.write_text(
+        MINIMAL + "serve:\n  port: 0\n  dtype: fp8\n  bogus: 1\nfixes:\n  matmul_lora: yes-please\n"
+    )
     with pytest.raises(ProfileError) as caught:
         load_profile(str(path))
     fields = [issue.field for issue in caught.value.issues]
@@ -98,7 +115,9 @@ def test_missing_file_names_the_file() -> None:
     assert str(caught.value).startswith("/nonexistent/dir/nothing.yaml:1:1: (file): no such profile file")
 
 
-def test_bare_name_finds_the_shipped_profile_from_any_directory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_bare_name_finds_the_shipped_profile_from_any_directory(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("DEPLOYKIT_PROFILE_DIR", str(tmp_path / "none"))
     assert resolve_profile_path("gemma4-turing") == REPO / "profiles" / "gemma4-turing.yaml"
