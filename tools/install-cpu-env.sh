@@ -22,3 +22,12 @@ v = md.version("vllm")
 assert "cpu" in v, f"expected the CPU metadata shim, got vllm {v}"
 print(f"deploykit env ready: vllm {v}, torch {md.version('torch')}")
 PY
+# Test-only: vLLM 0.32's Gemma4 Unified module needs torchvision (through transformers' processor). The
+# matching release (0.28.0) is kept OUTSIDE the venv, where it cannot break text serving; the e2e tests put
+# it on PYTHONPATH with a two-schema shim (tests/e2e/gemma4_models.py explains why).
+TV_DIR=.deploykit-cache/torchvision-0.28.0
+if [ ! -f "$TV_DIR/torchvision/__init__.py" ]; then
+  rm -rf "$TV_DIR.partial"
+  "${PIP[@]}" install --no-deps --target "$TV_DIR.partial" torchvision==0.28.0
+  mv "$TV_DIR.partial" "$TV_DIR"
+fi

@@ -1,0 +1,277 @@
+"""FP32 projection fix: Gemma4 Unified's vision `patch_dense` + `patch_ln2` in FP32 when the GPU lacks BF16.
+
+A BF16 checkpoint served in FP16 (e.g. on CC 7.5) overflows 65504 in one output channel of the vision
+embedder's `patch_dense`; `patch_ln2` turns every such row into NaN and the model emits token 0 forever.
+The cure keeps only those two layers in FP32: the input is promoted before `patch_dense` and the result
+demoted to the model dtype after `patch_ln2`. See docs/fixes/fp32-projection.md.
+
+The decision rule here is pure; the patch imports torch and vLLM only inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import weakref
+from typing import Any
+
+from deploykit.fixes.base import (
+    Decision,
+    DecisionInputs,
+    FixDecision,
+    FixError,
+    FixMode,
+    TargetCheck,
+    TargetStatus,
+)
+
+NAME = "fp32_projection"
+SUMMARY = "Gemma4 Unified vision projection + LayerNorm in FP32 on GPUs without native BF16"
+PATCHES = "vllm.model_executor.models.gemma4_unified: vision embedder patch_dense / patch_ln2"
+ARCHITECTURES = ("Gemma4UnifiedForConditionalGeneration",)
+
+TARGET_MODULE = "vllm.model_executor.models.gemma4_unified"
+TARGET_CLASS = "Gemma4UnifiedVisionEmbedder"
+TARGET = f"{TARGET_MODULE}.{TARGET_CLASS}"
+# The shape this patch was written against (vLLM 0.32): constructor and forward signatures, the two
+# layers it rebuilds, and the ColumnParallelLinear arguments it passes on.
+EXPECTED_INIT_PARAMS = ("self", "config", "quant_config", "prefix")
+EXPECTED_FORWARD_PARAMS = ("self", "pixel_values", "pixel_position_ids")
+EXPECTED_INIT_LINES = ("self.patch_dense = ColumnParallelLinear(", "self.patch_ln2 = nn.LayerNorm(")
+EXPECTED_LINEAR_PARAMS = (
+    "input_size",
+    "output_size",
+    "bias",
+    "gather_output",
+    "params_dtype",
+    "quant_config",
+)
+# An upstream fix picks the projection dtype from the platform (`current_platform.supported_dtypes`)
+# or names float32 in the constructor; the shipped 0.32 source does neither.
+UPSTREAM_FIX_MARKERS = ("supported_dtypes", "float32")
+PATCH_MARKER = "__deploykit_fp32_projection__"
+
+logger = logging.getLogger("vllm.deploykit.fp32_projection")
+
+
+def decide(inputs: DecisionInputs, mode: FixMode) -> FixDecision:
+    def result(decision: Decision, reason: str) -> FixDecision:
+        return FixDecision(name=NAME, mode=mode, decision=decision, reason=reason)
+
+    if mode is FixMode.OFF:
+        return result(Decision.NOT_NEEDED, "turned off by the profile")
+    is_gemma4_unified = any(arch in ARCHITECTURES for arch in inputs.model_architectures)
+    if mode is FixMode.ON:
+        if not is_gemma4_unified:
+            return result(
+                Decision.IMPOSSIBLE,
+                "forced on, but the model "
+                f"({', '.join(inputs.model_architectures) or 'unknown architecture'})"
+                " is not a Gemma4 Unified model, so the patched embedder is never built",
+            )
+        return result(Decision.ENABLED, "forced on by the profile")
+    if not is_gemma4_unified:
+        return result(Decision.NOT_NEEDED, "the model is not a Gemma4 Unified (encoder-free vision embedder)")
+    dtype = (inputs.checkpoint_dtype or "").lower()
+    if dtype not in ("bfloat16", "bf16"):
+        return result(Decision.NOT_NEEDED, f"checkpoint dtype is {dtype or 'unknown'}, not bfloat16")
+    if inputs.platform == "cpu":
+        return result(Decision.NOT_NEEDED, "the CPU build computes bfloat16 natively")
+    if not inputs.gpus:
+        return result(Decision.NOT_NEEDED, "no GPU facts: cannot tell whether BF16 is native")
+    lacking = [g for g in inputs.gpus if not g.bf16_native]
+    if not lacking:
+        gpu = inputs.gpus[0]
+        return result(
+            Decision.NOT_NEEDED,
+            f"{gpu.name} (CC {gpu.compute_capability}) has native BF16, so no FP16 fallback happens",
+        )
+    gpu = lacking[0]
+    return result(
+        Decision.ENABLED,
+        f"bfloat16 checkpoint on {gpu.name} (CC {gpu.compute_capability} < 8.0, no native BF16): "
+        "vLLM falls back to FP16 and patch_dense overflows 65504",
+    )
+
+
+def launch_args(inputs: DecisionInputs) -> list[str]:
+    return []
+
+
+def _vllm_version() -> str:
+    from deploykit.probe import installed_vllm_version
+
+    return installed_vllm_version() or "unknown"
+
+
+def _check(status: TargetStatus, detail: str) -> TargetCheck:
+    return TargetCheck(status=status, target=TARGET, detail=detail)
+
+
+def _parameter_names(function: Any) -> tuple[str, ...]:
+    return tuple(inspect.signature(function).parameters)
+
+
+def _shape_problems(embedder_class: Any, linear_class: Any) -> list[str]:
+    """What differs from the shape this patch expects; empty when the target matches."""
+    import torch
+
+    problems = []
+    if not (isinstance(embedder_class, type) and issubclass(embedder_class, torch.nn.Module)):
+        return [f"{TARGET_CLASS} is not a torch.nn.Module class"]
+    init = inspect.unwrap(embedder_class.__init__)
+    if _parameter_names(init) != EXPECTED_INIT_PARAMS:
+        problems.append(f"__init__{inspect.signature(init)} is not __init__{EXPECTED_INIT_PARAMS}")
+    forward_params = _parameter_names(embedder_class.forward)
+    if forward_params != EXPECTED_FORWARD_PARAMS:
+        problems.append(f"forward{forward_params} is not forward{EXPECTED_FORWARD_PARAMS}")
+    init_source = inspect.getsource(init)
+    problems += [
+        f"__init__ no longer has `{line}`" for line in EXPECTED_INIT_LINES if line not in init_source
+    ]
+    forward_source = inspect.getsource(embedder_class.forward)
+    dense_at = forward_source.find("self.patch_dense(")
+    ln2_at = forward_source.find("self.patch_ln2(")
+    if dense_at < 0 or ln2_at < dense_at:
+        problems.append("forward no longer calls self.patch_dense(...) followed by self.patch_ln2(...)")
+    linear_params = set(_parameter_names(linear_class.__init__))
+    missing = [name for name in EXPECTED_LINEAR_PARAMS if name not in linear_params]
+    if missing:
+        problems.append(f"ColumnParallelLinear.__init__ lacks {', '.join(missing)}")
+    return problems
+
+
+def _import_target() -> tuple[Any, Any, Any] | TargetCheck:
+    """(embedder class, ColumnParallelLinear, UnquantizedLinearMethod), or the check saying why not."""
+    import importlib
+
+    try:
+        importlib.import_module("vllm")
+    except ImportError as exc:
+        return _check(TargetStatus.VLLM_MISSING, f"vLLM cannot be imported: {exc}")
+    try:
+        module = importlib.import_module(TARGET_MODULE)
+        from vllm.model_executor.layers.linear import ColumnParallelLinear, UnquantizedLinearMethod
+    except ImportError as exc:
+        # vLLM 0.32's module imports transformers' Gemma4 Unified processor, which needs torchvision.
+        return _check(TargetStatus.TARGET_MISSING, f"{TARGET_MODULE} cannot be imported: {exc}")
+    embedder_class = getattr(module, TARGET_CLASS, None)
+    if embedder_class is None:
+        return _check(TargetStatus.TARGET_MISSING, f"{TARGET_MODULE} has no class {TARGET_CLASS}")
+    return embedder_class, ColumnParallelLinear, UnquantizedLinearMethod
+
+
+def check_target() -> TargetCheck:
+    """Does the installed vLLM have the embedder this fix patches, in the shape it expects?"""
+    imported = _import_target()
+    if isinstance(imported, TargetCheck):
+        return imported
+    embedder_class, linear_class, _ = imported
+    if getattr(embedder_class.__init__, PATCH_MARKER, False):
+        return _check(TargetStatus.APPLICABLE, "already patched in this process")
+    problems = _shape_problems(embedder_class, linear_class)
+    if problems:
+        return _check(TargetStatus.TARGET_MISSING, "; ".join(problems))
+    init_source = inspect.getsource(inspect.unwrap(embedder_class.__init__))
+    markers = [marker for marker in UPSTREAM_FIX_MARKERS if marker in init_source]
+    if markers:
+        return _check(
+            TargetStatus.FIXED_UPSTREAM,
+            f"{TARGET_CLASS}.__init__ already chooses the projection dtype ({', '.join(markers)})",
+        )
+    return _check(
+        TargetStatus.APPLICABLE,
+        "patch_dense (ColumnParallelLinear) and patch_ln2 (LayerNorm) are built in the model dtype",
+    )
+
+
+def _rebuild_in_fp32(embedder: Any, linear_class: Any, unquantized_class: Any) -> None:
+    """Replace patch_dense and patch_ln2 by FP32 twins built with the same arguments, on the same device."""
+    import torch
+
+    dense, ln2 = embedder.patch_dense, embedder.patch_ln2
+    if not isinstance(dense, linear_class) or not isinstance(ln2, torch.nn.LayerNorm):
+        raise FixError(
+            f"fix {NAME} (vLLM {_vllm_version()}): {TARGET_CLASS} built patch_dense as "
+            f"{type(dense).__name__} and patch_ln2 as {type(ln2).__name__}; "
+            "expected ColumnParallelLinear and LayerNorm"
+        )
+    if not isinstance(dense.quant_method, unquantized_class):
+        raise FixError(
+            f"fix {NAME} (vLLM {_vllm_version()}): {dense.prefix} is quantized "
+            f"({type(dense.quant_method).__name__}); FP32 parameters cannot hold quantized weights and "
+            "its output would still overflow FP16. Exclude patch_dense from the quantization config "
+            "(its ignore list) or turn the fix off."
+        )
+    device = dense.weight.device
+    embedder.patch_dense = linear_class(
+        dense.input_size,
+        dense.output_size,
+        bias=dense.bias is not None,
+        gather_output=dense.gather_output,
+        skip_bias_add=dense.skip_bias_add,
+        params_dtype=torch.float32,
+        quant_config=dense.quant_config,
+        prefix=dense.prefix,
+        return_bias=dense.return_bias,
+        disable_tp=dense.disable_tp,
+    ).to(device)
+    embedder.patch_ln2 = torch.nn.LayerNorm(
+        ln2.normalized_shape,
+        eps=ln2.eps,
+        elementwise_affine=ln2.elementwise_affine,
+        bias=ln2.bias is not None,
+        device=device,
+        dtype=torch.float32,
+    )
+
+
+def _add_dtype_hooks(embedder: Any) -> None:
+    """Promote the input of patch_dense to FP32; demote patch_ln2's output to the model dtype.
+
+    Hooks leave vLLM's forward untouched: everything outside the two layers keeps its dtype.
+    """
+    import torch
+
+    owner = weakref.ref(embedder)
+
+    def promote(_module: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        return tuple(a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+
+    def demote(_module: Any, _args: tuple[Any, ...], output: Any) -> Any:
+        embedder_now = owner()
+        # The original forward casts pixels to pos_embedding's dtype: that is the model dtype.
+        return output if embedder_now is None else output.to(embedder_now.pos_embedding.dtype)
+
+    embedder.patch_dense.register_forward_pre_hook(promote)
+    embedder.patch_ln2.register_forward_hook(demote)
+
+
+def apply() -> str:
+    """Wrap the embedder's __init__ so every new embedder carries FP32 patch_dense / patch_ln2."""
+    check = check_target()
+    version = _vllm_version()
+    if check.status is TargetStatus.FIXED_UPSTREAM:
+        logger.info(
+            "deploykit: fix %s not applied, vLLM %s is fixed upstream: %s", NAME, version, check.detail
+        )
+        return f"{TARGET} (fixed upstream in vLLM {version}; left unchanged)"
+    if check.status is not TargetStatus.APPLICABLE:
+        raise FixError(f"fix {NAME} cannot apply to vLLM {version}: {check.status.value}: {check.detail}")
+    imported = _import_target()
+    assert not isinstance(imported, TargetCheck)
+    embedder_class, linear_class, unquantized_class = imported
+    original_init = embedder_class.__init__
+    if getattr(original_init, PATCH_MARKER, False):
+        return TARGET
+
+    @functools.wraps(original_init)
+    def init_with_fp32_projection(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        _rebuild_in_fp32(self, linear_class, unquantized_class)
+        _add_dtype_hooks(self)
+
+    setattr(init_with_fp32_projection, PATCH_MARKER, True)
+    embedder_class.__init__ = init_with_fp32_projection
+    return TARGET
