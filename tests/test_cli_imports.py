@@ -1,0 +1,80 @@
+"""`deploykit probe` and `deploykit plan` never import torch or vLLM (or what drags them in).
+
+Importing vLLM costs ~6 s and torch ~2 s, and a machine that only plans may have neither. Each
+command runs as a user runs it (the installed console script, in a subprocess) under
+`python -X importtime`, which lists every module the process imported.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DEPLOYKIT = Path(sys.executable).with_name("deploykit")
+FACTS = REPO / "tests" / "fixtures" / "facts"
+HEAVY = {"torch", "vllm", "transformers", "triton", "tokenizers"}
+
+
+def imported_modules(argv: list[str]) -> tuple[set[str], subprocess.CompletedProcess[str]]:
+    """Every module a `python -X importtime ...` run imported, and the finished process."""
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    modules = {
+        line.rsplit("|", 1)[1].strip()
+        for line in result.stderr.splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
+    return modules, result
+
+
+def heavy(modules: set[str]) -> set[str]:
+    return {name for name in modules if name.split(".")[0] in HEAVY}
+
+
+def test_the_import_list_sees_what_a_process_imports() -> None:
+    """The check can fail: a process that does import a watched package is caught."""
+    modules, _ = imported_modules(["-c", "import tokenizers"])
+
+    assert "tokenizers" in heavy(modules)
+
+
+@pytest.mark.parametrize(
+    ("argv", "ran"),
+    [
+        (["probe"], "deploykit.probe"),
+        (["probe", "--format", "json"], "deploykit.probe"),
+        (["plan", "--profile", "demo-cpu", "--no-validate"], "deploykit.plan"),
+        (
+            [
+                "plan",
+                "--profile",
+                "qwen-lora-hopper",
+                "--facts",
+                str(FACTS / "h100.json"),
+                "--no-validate",
+                "--format",
+                "json",
+            ],
+            "deploykit.plan",
+        ),
+        (["profiles", "list", "--facts", str(FACTS / "t4.json")], "deploykit.profile_list"),
+    ],
+    ids=["probe", "probe-json", "plan-demo-cpu", "plan-h100-facts", "profiles-list-t4-facts"],
+)
+def test_command_never_imports_torch_or_vllm(argv: list[str], ran: str) -> None:
+    modules, result = imported_modules([str(DEPLOYKIT), *argv])
+
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert ran in modules  # the command really got as far as its work
+    assert heavy(modules) == set()
