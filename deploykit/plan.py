@@ -201,6 +201,7 @@ def decision_inputs(profile: Profile, facts: ProbeFacts, model_path: str) -> Dec
         checkpoint_dtype=dtype,
         model_architectures=architectures,
         lora_enabled=profile.serve.lora.enabled,
+        lora_fully_sharded="--fully-sharded-loras" in profile.serve.extra_args,
         penalties_expected=profile.workload.penalties,
         model_runner=profile.serve.model_runner,
         platform=platform,

@@ -222,3 +222,19 @@ def test_cli_profiles_list_judges_each_profile() -> None:
     assert rows["gemma4-turing"]["enabled_fixes"] == ["fp32_projection"]
     assert rows["qwen-lora-hopper"]["status"] == "incompatible"
     assert rows["demo-cpu"]["status"] == "compatible"
+
+
+def test_matmul_lora_on_the_cpu_build_and_refused_with_fully_sharded_loras(tmp_path: Path) -> None:
+    cpu = "name: x\nplatform: cpu\nmodel: {source: /m}\nserve:\n  lora: {enabled: true}\n"
+    plan = make_plan(
+        LoadedProfile(parse_profile(cpu), tmp_path / "x.yaml"), ProbeFacts(vllm_version="0.32.0+cpu")
+    )
+    verdict, reason = decision(plan, "matmul_lora")
+    assert verdict is Decision.ENABLED and "last adapter" in reason
+    profile = load_profile("qwen-lora-hopper").profile.model_copy(deep=True)
+    profile.serve.extra_args = ["--fully-sharded-loras"]
+    sharded = make_plan(
+        LoadedProfile(profile, tmp_path / "q.yaml"), facts("h100"), {"matmul_lora": FixMode.ON}
+    )
+    assert decision(sharded, "matmul_lora")[0] is Decision.IMPOSSIBLE
+    assert any("matmul_lora is forced on" in e for e in sharded.errors)

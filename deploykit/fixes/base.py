@@ -55,6 +55,7 @@ class DecisionInputs(BaseModel):
     checkpoint_dtype: str | None
     model_architectures: list[str] = Field(default_factory=list)
     lora_enabled: bool = False
+    lora_fully_sharded: bool = False
     penalties_expected: bool = False
     model_runner: str = Field(default="auto", description="auto, v1 or v2: the profile's runner choice")
     platform: str = Field(default="cuda", description="cuda or cpu: which vLLM build the deployment runs")

@@ -1,0 +1,357 @@
+"""Matmul LoRA fix: replace punica's Triton `add_lora_linear` with plain torch matmuls on Hopper.
+
+See docs/fixes/matmul-lora.md. Decision rule here is pure; torch and vLLM are imported in functions only.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import inspect
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from deploykit.fixes.base import (
+    Decision,
+    DecisionInputs,
+    FixDecision,
+    FixError,
+    FixMode,
+    TargetCheck,
+    TargetStatus,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+NAME = "matmul_lora"
+SUMMARY = "LoRA linear layers through torch.matmul instead of punica's Triton kernels (NaN on Hopper)"
+PATCHES = "vllm.lora.punica_wrapper: PunicaWrapper*.add_lora_linear"
+
+logger = logging.getLogger("vllm.deploykit.matmul_lora")
+
+# The Triton wrapper whose uninitialised shrink buffer the field report traced the NaN to.
+GPU_WRAPPER_MODULE = "vllm.lora.punica_wrapper.punica_gpu"
+GPU_WRAPPER_CLASS = "PunicaWrapperGPU"
+# What vLLM 0.32's wrappers accept (punica_base.PunicaWrapperABC.add_lora_linear).
+EXPECTED_POSITIONAL = ("self", "y", "x", "lora_a_stacked", "lora_b_stacked", "scale", "output_slices")
+EXPECTED_KEYWORD_ONLY = ("buffer",)
+# Keyword arguments vLLM's layers pass through **kwargs that our path honours; any other is refused.
+HONOURED_KWARGS = frozenset({"add_inputs", "offset_start"})
+PATCH_MARKER = "_deploykit_matmul_lora"
+
+
+def decide(inputs: DecisionInputs, mode: FixMode) -> FixDecision:
+    def result(decision: Decision, reason: str) -> FixDecision:
+        return FixDecision(name=NAME, mode=mode, decision=decision, reason=reason)
+
+    if mode is FixMode.OFF:
+        return result(Decision.NOT_NEEDED, "turned off by the profile")
+    if not inputs.lora_enabled:
+        if mode is FixMode.ON:
+            return result(Decision.IMPOSSIBLE, "forced on, but the profile does not enable LoRA")
+        return result(Decision.NOT_NEEDED, "LoRA is not enabled")
+    if inputs.lora_fully_sharded:
+        return result(
+            Decision.IMPOSSIBLE,
+            "--fully-sharded-loras makes vLLM's sharded LoRA layers call punica's shrink/expand kernels "
+            "directly, which this fix does not replace",
+        )
+    if mode is FixMode.ON:
+        return result(Decision.ENABLED, "forced on by the profile")
+    if inputs.platform == "cpu":
+        return result(
+            Decision.ENABLED,
+            "LoRA on vLLM's CPU build: its torch path reads slot -1 (no adapter) as the last adapter, "
+            "so base requests batched with adapter requests get that adapter",
+        )
+    hopper = [g for g in inputs.gpus if g.is_hopper]
+    if hopper:
+        gpu = hopper[0]
+        return result(
+            Decision.ENABLED,
+            f"LoRA on {gpu.name} (CC {gpu.compute_capability}, Hopper): punica's Triton add_lora_linear "
+            "can return NaN there",
+        )
+    if not inputs.gpus:
+        return result(Decision.NOT_NEEDED, "LoRA enabled, but no GPU facts say Hopper")
+    gpu = inputs.gpus[0]
+    return result(
+        Decision.NOT_NEEDED,
+        f"LoRA on {gpu.name} (CC {gpu.compute_capability}, {gpu.arch}): not Hopper",
+    )
+
+
+def launch_args(inputs: DecisionInputs) -> list[str]:
+    return []
+
+
+# --------------------------------------------------------------------------------------------------
+# The function: pure torch, static shapes, no host syncs, so torch.compile and CUDA graphs accept it.
+# --------------------------------------------------------------------------------------------------
+
+
+def add_lora_linear(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    lora_a_stacked: Sequence[torch.Tensor],
+    lora_b_stacked: Sequence[torch.Tensor],
+    scale: float,
+    output_slices: Sequence[int],
+    token_lora_indices: torch.Tensor,
+    *,
+    offset_start: int = 0,
+    add_inputs: bool = True,
+) -> torch.Tensor:
+    """y[t, slice s] (+)= scale * (x[t] @ A_s[slot_t]^T) @ B_s[slot_t]^T; nothing for slot -1.
+
+    Layouts are vLLM's: A_s is [max_loras, 1, rank, in], B_s is [max_loras, 1, out_s, rank],
+    `token_lora_indices` holds one slot id (or -1) per row of x. Every slot is computed for every
+    token and masked, so shapes never depend on which adapters a batch uses; all arithmetic is FP32
+    and every value written to `y` is computed, never read from uninitialised memory.
+    """
+    import torch
+
+    if not len(lora_a_stacked) == len(lora_b_stacked) == len(output_slices):
+        raise ValueError(
+            f"add_lora_linear: {len(lora_a_stacked)} A slices, {len(lora_b_stacked)} B slices, "
+            f"{len(output_slices)} output slices; they must match"
+        )
+    x_rows = x.reshape(-1, x.shape[-1]).to(torch.float32)
+    y_rows = y.view(-1, y.shape[-1])
+    offset = offset_start
+    for a_stacked, b_stacked, width in zip(lora_a_stacked, lora_b_stacked, output_slices, strict=True):
+        delta = _slice_delta(x_rows, a_stacked, b_stacked, scale, token_lora_indices)
+        target = y_rows[:, offset : offset + width]
+        if add_inputs:
+            target.copy_(target.to(torch.float32) + delta)
+        else:
+            target.copy_(delta)
+        offset += width
+    return y
+
+
+def _slice_delta(
+    x_rows: torch.Tensor,
+    a_stacked: torch.Tensor,
+    b_stacked: torch.Tensor,
+    scale: float,
+    token_lora_indices: torch.Tensor,
+) -> torch.Tensor:
+    """One output slice's LoRA delta in FP32: one shrink GEMM over all slots, one expand GEMM per slot."""
+    import torch
+
+    num_slots, _, rank, in_features = a_stacked.shape
+    num_tokens = x_rows.shape[0]
+    # [max_loras * rank, in]: a view of vLLM's contiguous stack, so the shrink of all slots is one GEMM.
+    a_all = a_stacked.reshape(num_slots * rank, in_features).to(torch.float32)
+    shrunk = torch.matmul(x_rows, a_all.t()).view(num_tokens, num_slots, rank)
+    slot_ids = torch.arange(num_slots, device=x_rows.device)
+    token_uses_slot = token_lora_indices.view(-1, 1, 1) == slot_ids.view(1, -1, 1)
+    # where(), not a multiply by the mask: a non-finite value in another slot's product stays out.
+    shrunk = torch.where(token_uses_slot, shrunk * scale, 0.0)
+    delta = torch.zeros((num_tokens, b_stacked.shape[2]), dtype=torch.float32, device=x_rows.device)
+    for slot in range(num_slots):
+        # B[slot] is [out, rank]; its transpose is a view, so no weight is copied for FP32 adapters.
+        delta = torch.addmm(delta, shrunk[:, slot, :], b_stacked[slot, 0].to(torch.float32).t())
+    return delta
+
+
+# --------------------------------------------------------------------------------------------------
+# The patch: the punica wrapper class the platform uses routes linear-layer LoRA through the function.
+# --------------------------------------------------------------------------------------------------
+
+
+def _vllm_version() -> str:
+    from deploykit.probe import installed_vllm_version
+
+    return installed_vllm_version() or "unknown"
+
+
+def _wrapper_qualname() -> str:
+    from vllm.platforms import current_platform
+
+    return str(current_platform.get_punica_wrapper())
+
+
+def _resolve(qualname: str) -> type[Any]:
+    module_name, _, class_name = qualname.rpartition(".")
+    cls = getattr(importlib.import_module(module_name), class_name)
+    if not isinstance(cls, type):
+        raise TypeError(f"{qualname} is not a class")
+    return cls
+
+
+def _shape_problems(cls: type[Any]) -> list[str]:
+    """What about the wrapper class differs from the shape this patch was written against (vLLM 0.32)."""
+    from vllm.lora.punica_wrapper.punica_base import PunicaWrapperBase
+
+    problems: list[str] = []
+    if not issubclass(cls, PunicaWrapperBase):
+        problems.append(f"{cls.__qualname__} is not a PunicaWrapperBase")
+    method = getattr(cls, "add_lora_linear", None)
+    if not callable(method):
+        return [*problems, f"{cls.__qualname__} has no add_lora_linear"]
+    params = list(inspect.signature(method).parameters.values())
+    positional = tuple(p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD)
+    keyword_only = tuple(p.name for p in params if p.kind is p.KEYWORD_ONLY)
+    has_var_kwargs = any(p.kind is p.VAR_KEYWORD for p in params)
+    if positional != EXPECTED_POSITIONAL:
+        problems.append(f"add_lora_linear takes {positional}, expected {EXPECTED_POSITIONAL}")
+    if keyword_only != EXPECTED_KEYWORD_ONLY or not has_var_kwargs:
+        problems.append(
+            f"add_lora_linear keyword-only {keyword_only} (**kwargs: {has_var_kwargs}), "
+            f"expected {EXPECTED_KEYWORD_ONLY} and **kwargs"
+        )
+    if not isinstance(inspect.getattr_static(cls, "token_lora_indices", None), property):
+        problems.append(f"{cls.__qualname__}.token_lora_indices is not a property")
+    try:
+        init_source = inspect.getsource(PunicaWrapperBase.__init__)
+    except (OSError, TypeError):
+        init_source = ""
+    if "self._token_lora_indices" not in init_source:
+        problems.append("PunicaWrapperBase.__init__ no longer allocates self._token_lora_indices")
+    return problems
+
+
+def triton_buffer_is_zeroed(source: str, class_name: str = GPU_WRAPPER_CLASS) -> bool | None:
+    """Does the Triton wrapper's add_lora_linear allocate its shrink buffer with torch.zeros only?
+
+    That is the upstream cure for the defect in the field report (a `torch.empty` buffer that a
+    skipping path never fills). None when the class or method is not in `source`.
+    """
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef) and node.name == class_name:
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == "add_lora_linear":
+                    allocators = {
+                        call.func.attr
+                        for call in ast.walk(item)
+                        if isinstance(call, ast.Call)
+                        and isinstance(call.func, ast.Attribute)
+                        and isinstance(call.func.value, ast.Name)
+                        and call.func.value.id == "torch"
+                    }
+                    return "zeros" in allocators and "empty" not in allocators
+    return None
+
+
+def _gpu_wrapper_source() -> str | None:
+    """The Triton wrapper's source, read without importing it (importing pulls in all LoRA layers)."""
+    spec = importlib.util.find_spec(GPU_WRAPPER_MODULE)
+    if spec is None or spec.origin is None:
+        return None
+    try:
+        return Path(spec.origin).read_text()
+    except OSError:
+        return None
+
+
+def check_target() -> TargetCheck:
+    if importlib.util.find_spec("vllm") is None:
+        return TargetCheck(status=TargetStatus.VLLM_MISSING, target=PATCHES, detail="vLLM is not installed")
+    try:
+        qualname = _wrapper_qualname()
+        cls = _resolve(qualname)
+    except Exception as exc:  # any import or lookup failure means the target is not what we know
+        return TargetCheck(
+            status=TargetStatus.TARGET_MISSING,
+            target=PATCHES,
+            detail=f"cannot resolve the platform's punica wrapper: {type(exc).__name__}: {exc}",
+        )
+    target = f"{qualname}.add_lora_linear"
+    problems = _shape_problems(cls)
+    if problems:
+        return TargetCheck(status=TargetStatus.TARGET_MISSING, target=target, detail="; ".join(problems))
+    source = _gpu_wrapper_source()
+    if source is not None and triton_buffer_is_zeroed(source):
+        return TargetCheck(
+            status=TargetStatus.FIXED_UPSTREAM,
+            target=target,
+            detail=f"{GPU_WRAPPER_MODULE}.{GPU_WRAPPER_CLASS}.add_lora_linear zero-initialises its "
+            "shrink buffer, so no skipped path can leave garbage in it",
+        )
+    return TargetCheck(
+        status=TargetStatus.APPLICABLE,
+        target=target,
+        detail=f"{qualname} has the expected add_lora_linear signature",
+    )
+
+
+def _routed_add_lora_linear(original: Callable[..., Any]) -> Callable[..., Any]:
+    """A method with the wrapper's signature that hands the work to `add_lora_linear` above."""
+
+    def add_lora_linear_via_matmul(
+        self: Any,
+        y: torch.Tensor,
+        x: torch.Tensor,
+        lora_a_stacked: tuple[torch.Tensor, ...],
+        lora_b_stacked: tuple[torch.Tensor, ...],
+        scale: float,
+        output_slices: tuple[int, ...],
+        *,
+        buffer: Any = None,  # a scratch buffer for the Triton kernels; this path needs none
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        unknown = set(kwargs) - HONOURED_KWARGS
+        if unknown:
+            raise FixError(
+                f"{NAME}: vLLM {_vllm_version()} passed {sorted(unknown)} to add_lora_linear; "
+                "the matmul path does not know them. Disable the fix or update deploykit."
+            )
+        num_tokens = x.reshape(-1, x.shape[-1]).shape[0]
+        # Sliced by the row count, not by the live mapping length: under CUDA graphs x is padded, and
+        # padded rows then read the -1 this patch writes at construction (or a stale slot id).
+        indices = self._token_lora_indices[:num_tokens]
+        return add_lora_linear(
+            y,
+            x,
+            lora_a_stacked,
+            lora_b_stacked,
+            scale,
+            output_slices,
+            indices,
+            offset_start=int(kwargs.get("offset_start", 0)),
+            add_inputs=bool(kwargs.get("add_inputs", True)),
+        )
+
+    add_lora_linear_via_matmul.__doc__ = f"deploykit {NAME}: replaces {original.__qualname__}"
+    return add_lora_linear_via_matmul
+
+
+def _no_adapter_init(original_init: Callable[..., None]) -> Callable[..., None]:
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        # vLLM allocates the per-token slot ids with torch.empty; -1 ("no adapter") for rows never mapped.
+        self._token_lora_indices.fill_(-1)
+
+    return init
+
+
+def patch_wrapper_class(cls: type[Any]) -> None:
+    """Route `cls.add_lora_linear` through the matmul path; idempotent."""
+    if getattr(cls, PATCH_MARKER, False):
+        return
+    cls.add_lora_linear = _routed_add_lora_linear(cls.add_lora_linear)
+    cls.__init__ = _no_adapter_init(cls.__init__)
+    setattr(cls, PATCH_MARKER, True)
+
+
+def apply() -> str:
+    check = check_target()
+    version = _vllm_version()
+    if check.status is TargetStatus.FIXED_UPSTREAM:
+        logger.info(
+            "deploykit %s: vLLM %s already fixed upstream (%s); nothing patched", NAME, version, check
+        )
+        return f"nothing (fixed upstream in vLLM {version}: {check.detail})"
+    if check.status is not TargetStatus.APPLICABLE:
+        raise FixError(
+            f"{NAME}: cannot patch vLLM {version} ({check.status}: {check.target}): {check.detail}"
+        )
+    cls = _resolve(check.target.rpartition(".")[0])
+    patch_wrapper_class(cls)
+    return check.target
