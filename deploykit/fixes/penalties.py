@@ -1,0 +1,101 @@
+"""Device penalties fix: sampling penalties on the device with O(batch) host work per step.
+
+See docs/fixes/device-penalties.md. The decision rule is pure; the processor class needs vLLM and torch
+and is built on first access (`deploykit.fixes.penalties:DevicePenaltiesProcessor`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from typing import Any
+
+from deploykit.fixes.base import (
+    Decision,
+    DecisionInputs,
+    FixDecision,
+    FixError,
+    FixMode,
+    TargetCheck,
+    TargetStatus,
+)
+from deploykit.vllm_compat import default_model_runner
+
+NAME = "device_penalties"
+SUMMARY = "repetition/presence/frequency penalties on the device, O(batch) host work per step"
+PATCHES = "vLLM V1 model runner's host penalty path; adds a V1-interface logits processor"
+PROCESSOR = "deploykit.fixes.penalties:DevicePenaltiesProcessor"
+
+
+def effective_runner(inputs: DecisionInputs) -> str:
+    if inputs.model_runner in ("v1", "v2"):
+        return inputs.model_runner
+    return default_model_runner(inputs.vllm_version, inputs.platform)
+
+
+def decide(inputs: DecisionInputs, mode: FixMode) -> FixDecision:
+    def result(decision: Decision, reason: str) -> FixDecision:
+        return FixDecision(name=NAME, mode=mode, decision=decision, reason=reason)
+
+    if mode is FixMode.OFF:
+        return result(Decision.NOT_NEEDED, "turned off by the profile")
+    runner = effective_runner(inputs)
+    version = inputs.vllm_version or "unknown"
+    if runner == "v2":
+        why = (
+            f"vLLM {version} runs the V2 model runner here, which keeps penalty state on the device and "
+            "rejects V1-interface logits processors"
+        )
+        if mode is FixMode.ON:
+            return result(
+                Decision.IMPOSSIBLE, f"forced on, but {why}; set `serve.model_runner: v1` to use it"
+            )
+        return result(Decision.NOT_NEEDED, why)
+    if mode is FixMode.ON:
+        return result(Decision.ENABLED, f"forced on by the profile (vLLM {version}, V1 model runner)")
+    if not inputs.penalties_expected:
+        return result(Decision.NOT_NEEDED, "the profile does not expect sampling penalties")
+    return result(
+        Decision.ENABLED,
+        f"penalties expected and vLLM {version} runs the V1 model runner, which rebuilds penalty inputs "
+        "on the host every step",
+    )
+
+
+def launch_args(inputs: DecisionInputs) -> list[str]:
+    return ["--logits-processors", PROCESSOR]
+
+
+def check_target() -> TargetCheck:
+    """Is the V1 host penalty path there, in the shape the stand-aside patch expects?"""
+    if importlib.util.find_spec("vllm") is None:
+        return TargetCheck(status=TargetStatus.VLLM_MISSING, target=PATCHES, detail="vLLM is not installed")
+    from deploykit.fixes import _penalties_processor
+
+    return _penalties_processor.check_target()
+
+
+def apply() -> str:
+    """Make vLLM's host penalty path stand aside for batches served by DevicePenaltiesProcessor."""
+    from deploykit.probe import installed_vllm_version
+
+    version = installed_vllm_version() or "unknown"
+    check = check_target()
+    if check.status is TargetStatus.FIXED_UPSTREAM:
+        message = f"nothing: vLLM {version} is fixed upstream ({check.detail})"
+        logging.getLogger("vllm").info("deploykit %s: %s", NAME, message)
+        return message
+    if check.status is not TargetStatus.APPLICABLE:
+        raise FixError(f"{NAME}: cannot apply to vLLM {version}: {check.status.value}: {check.detail}")
+    from deploykit.fixes import _penalties_processor
+
+    return _penalties_processor.install_stand_aside()
+
+
+def __getattr__(name: str) -> Any:
+    # PEP 562: `deploykit.fixes.penalties:DevicePenaltiesProcessor` loads torch and vLLM only when asked.
+    if name == "DevicePenaltiesProcessor":
+        from deploykit.fixes._penalties_processor import DevicePenaltiesProcessor
+
+        return DevicePenaltiesProcessor
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
