@@ -1,9 +1,217 @@
-"""`deploykit serve`, `deploykit smoke`, `deploykit results` (being built: issue 7)."""
+"""`deploykit serve`, `deploykit smoke`, `deploykit results list|show`.
+
+Nothing heavy at import time: the orchestration, the store (SQLAlchemy) and HTTP load inside commands.
+"""
 
 from __future__ import annotations
 
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
 import typer
+
+if TYPE_CHECKING:
+    from deploykit.store import ResultRecord
+
+
+class OutputFormat(StrEnum):
+    table = "table"
+    json = "json"
+
+
+StoreOption = Annotated[
+    str | None,
+    typer.Option(
+        "--store",
+        help="Results store URL: sqlite:///PATH or postgresql://USER:PASS@HOST/DB "
+        "(default: $DEPLOYKIT_STORE, else SQLite in the user data directory).",
+    ),
+]
+
+results_app = typer.Typer(help="Stored results of serve and smoke attempts.", no_args_is_help=True)
+
+
+def serve(
+    profile: Annotated[str, typer.Option("--profile", "-p", help="A profile file or a shipped/user name.")],
+    fix: Annotated[
+        list[str] | None, typer.Option("--fix", help="Override a fix: NAME=on|off|auto (repeatable).")
+    ] = None,
+    check: Annotated[
+        bool, typer.Option("--check", help="Stop after the verdict: exit 0 when it passes, 1 when not.")
+    ] = False,
+    port: Annotated[
+        int | None, typer.Option("--port", help="Serve on this port instead of the profile's.")
+    ] = None,
+    store: StoreOption = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Keep vLLM's log in its file only.")] = False,
+    log_dir: Annotated[
+        Path | None, typer.Option("--log-dir", help="Where vLLM's log goes (default: user log dir).")
+    ] = None,
+) -> None:
+    """Start vLLM for a profile, smoke it with token ids, store the result; then keep serving (or --check)."""
+    from deploykit.cli import parse_fix_overrides
+    from deploykit.serve import ServeOptions, run_serve
+
+    options = ServeOptions(
+        profile=profile,
+        overrides=parse_fix_overrides(fix),
+        check=check,
+        port=port,
+        store_url=store,
+        quiet=quiet,
+        log_dir=log_dir,
+    )
+    raise typer.Exit(run_serve(options))
+
+
+def smoke(
+    url: Annotated[str, typer.Option("--url", help="The server's base URL, e.g. http://127.0.0.1:8000")],
+    profile: Annotated[
+        str | None, typer.Option("--profile", "-p", help="Take the cases and served name from a profile.")
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", help="The served model name (completion + chat cases).")
+    ] = None,
+    api_key_env: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key-env", help="Environment variable holding the API key (default: the profile's)."
+        ),
+    ] = None,
+    timeout: Annotated[float | None, typer.Option("--timeout", help="Seconds per request.")] = None,
+    store: StoreOption = None,
+    no_store: Annotated[bool, typer.Option("--no-store", help="Do not record this attempt.")] = False,
+) -> None:
+    """Run the smoke cases against a server that is already running (local or remote)."""
+    from deploykit.serve import SmokeOptions, run_remote_smoke
+
+    if profile is None and model is None:
+        typer.echo("deploykit smoke: give --profile P or --model NAME", err=True)
+        raise typer.Exit(2)
+    options = SmokeOptions(
+        url=url,
+        profile=profile,
+        model=model,
+        api_key_env=api_key_env,
+        timeout_s=timeout,
+        store_url=store,
+        store=not no_store,
+    )
+    raise typer.Exit(run_remote_smoke(options))
+
+
+@results_app.command("list")
+def results_list(
+    store: StoreOption = None,
+    limit: Annotated[int, typer.Option("--limit", "-n", help="How many, newest first.")] = 20,
+    profile: Annotated[str | None, typer.Option("--profile", help="Only this profile name.")] = None,
+    format: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.table,
+) -> None:
+    """The newest attempts, one line each."""
+    from deploykit.store import opened_store
+
+    with opened_store(store) as opened:
+        records = opened.recent(limit=limit, profile=profile)
+        where = opened.display_url
+    if format is OutputFormat.json:
+        import json
+
+        typer.echo(json.dumps([r.model_dump(mode="json") for r in records], indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"results in {where}")
+    for column in ("id", "when (UTC)", "command", "profile", "verdict", "stage", "start-up", "diagnosis"):
+        table.add_column(column, no_wrap=column in ("id", "verdict"))
+    for record in records:
+        table.add_row(
+            str(record.id),
+            record.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+            record.command,
+            record.profile_name or "-",
+            record.verdict,
+            record.stage,
+            _seconds(record.timings.get("startup_s")),
+            _shorten(record.diagnosis.splitlines()[0] if record.diagnosis else "", 70),
+        )
+    Console().print(table)
+
+
+@results_app.command("show")
+def results_show(
+    result_id: Annotated[int, typer.Argument(metavar="ID", help="A result id from `results list`.")],
+    store: StoreOption = None,
+    format: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.table,
+) -> None:
+    """Everything stored about one attempt."""
+    from deploykit.store import opened_store
+
+    with opened_store(store) as opened:
+        record = opened.get(result_id)
+    if record is None:
+        typer.echo(f"deploykit results show: no result #{result_id}", err=True)
+        raise typer.Exit(1)
+    if format is OutputFormat.json:
+        typer.echo(record.model_dump_json(indent=2))
+        return
+    _print_record(record)
+
+
+def _print_record(record: ResultRecord) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    console.print(f"result #{record.id}  {record.created_at:%Y-%m-%d %H:%M:%S} UTC  on {record.hostname}")
+    console.print(
+        f"command {record.command}  profile {record.profile_name or '-'}  ({record.profile_id or '-'})"
+    )
+    console.print(
+        f"verdict {record.verdict.upper()} at stage {record.stage}: {record.diagnosis}", markup=False
+    )
+    console.print("versions " + "  ".join(f"{k} {v or '-'}" for k, v in record.versions.items()))
+    if record.plan:
+        import shlex
+
+        console.print("argv " + shlex.join(record.plan.get("argv", [])), markup=False)
+        env = record.plan.get("env") or {}
+        if env:
+            console.print("env " + " ".join(f"{k}={v}" for k, v in env.items()), markup=False)
+    console.print("timings " + "  ".join(f"{k} {v}" for k, v in record.timings.items()))
+    if record.cases:
+        table = Table("case", "model", "ok", "latency", "tok/s", "finish", "first ids", "diagnosis")
+        for case in record.cases:
+            table.add_row(
+                case.name,
+                case.model,
+                "yes" if case.passed else "NO",
+                f"{case.latency_s:.2f} s",
+                f"{case.tokens_per_s:.1f}" if case.tokens_per_s else "-",
+                case.finish_reason or "-",
+                " ".join(str(i) for i in case.first_ids[:12]),
+                case.diagnosis or "",
+            )
+        console.print(table)
+    if record.log_path:
+        console.print(f"log {record.log_path}")
+    if record.log_tail:
+        console.print("--- log tail ---")
+        console.print("\n".join(record.log_tail.splitlines()[-20:]), markup=False)
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} s"
+
+
+def _shorten(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def register(app: typer.Typer) -> None:
     """Add the serving commands to the app."""
+    app.command()(serve)
+    app.command()(smoke)
+    app.add_typer(results_app, name="results")

@@ -1,0 +1,289 @@
+"""The results store: one row per `deploykit serve` / `deploykit smoke` attempt, whatever its outcome.
+
+SQLite in the user's data directory by default (WAL, so a reader never blocks a writer), or a PostgreSQL
+URL when a team shares one store. The schema is versioned: `schema_migrations` lists the migrations
+applied, and opening a store applies the missing ones under a lock, so two processes opening a fresh
+store at once cannot both migrate it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import sqlalchemy as sa
+from pydantic import BaseModel, ConfigDict, Field
+
+from deploykit.smoke import CaseResult
+
+STORE_ENV_VAR = "DEPLOYKIT_STORE"
+# Any constant works; it names "deploykit migrations" among the database's advisory locks.
+_PG_MIGRATION_LOCK = 0x6465706C6F79
+
+Verdict = Literal["pass", "fail", "error", "interrupted"]
+
+
+class ResultRecord(BaseModel):
+    """One attempt. Secrets never reach it: env values are `${NAME}` references, logs are redacted."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: int | None = None
+    created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    command: Literal["serve", "smoke"] = "serve"
+    hostname: str = Field(default_factory=socket.gethostname)
+    profile_name: str | None = None
+    profile_id: str | None = None
+    verdict: Verdict
+    stage: str = Field(description="where the attempt ended: profile, plan, launch, startup, smoke, done")
+    diagnosis: str = ""
+    base_url: str | None = None
+    facts: dict[str, Any] | None = None
+    plan: dict[str, Any] | None = Field(default=None, description="argv, env (redacted), fixes, model path")
+    versions: dict[str, str | None] = Field(default_factory=dict)
+    timings: dict[str, float | None] = Field(default_factory=dict)
+    cases: list[CaseResult] = Field(default_factory=list)
+    log_path: str | None = None
+    log_tail: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "pass"
+
+
+class StoreError(RuntimeError):
+    pass
+
+
+def default_store_url() -> str:
+    """DEPLOYKIT_STORE when set, else SQLite in the user's data directory."""
+    configured = os.environ.get(STORE_ENV_VAR)
+    if configured:
+        return configured
+    from platformdirs import user_data_dir
+
+    return f"sqlite:///{Path(user_data_dir('deploykit')) / 'results.sqlite'}"
+
+
+def normalise_url(url: str) -> str:
+    """Accept plain `postgresql://` (psql style) and bare file paths; SQLAlchemy needs the driver named."""
+    if url.startswith(("postgresql://", "postgres://")):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    if "://" not in url:
+        return f"sqlite:///{Path(url).expanduser().resolve()}"
+    return url
+
+
+def display_url(url: str) -> str:
+    """The URL with its password hidden, for messages and the terminal."""
+    return sa.engine.make_url(normalise_url(url)).render_as_string(hide_password=True)
+
+
+# --- schema -----------------------------------------------------------------------------------------
+
+
+def _results_table(metadata: sa.MetaData) -> sa.Table:
+    return sa.Table(
+        "results",
+        metadata,
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("command", sa.String(16), nullable=False),
+        sa.Column("hostname", sa.String(255), nullable=False),
+        sa.Column("profile_name", sa.String(200)),
+        sa.Column("profile_id", sa.String(64)),
+        sa.Column("verdict", sa.String(16), nullable=False),
+        sa.Column("stage", sa.String(32), nullable=False),
+        sa.Column("diagnosis", sa.Text, nullable=False),
+        sa.Column("base_url", sa.String(500)),
+        sa.Column("facts", sa.JSON),
+        sa.Column("plan", sa.JSON),
+        sa.Column("versions", sa.JSON, nullable=False),
+        sa.Column("timings", sa.JSON, nullable=False),
+        sa.Column("cases", sa.JSON, nullable=False),
+        sa.Column("log_path", sa.Text),
+        sa.Column("log_tail", sa.Text, nullable=False),
+    )
+
+
+_METADATA = sa.MetaData()
+RESULTS = _results_table(_METADATA)
+MIGRATIONS_TABLE = sa.Table(
+    "schema_migrations",
+    _METADATA,
+    sa.Column("version", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("description", sa.String(200), nullable=False),
+    sa.Column("applied_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    description: str
+    apply: Callable[[sa.Connection], None]
+
+
+def _create_results(conn: sa.Connection) -> None:
+    _results_table(sa.MetaData()).create(conn)
+
+
+def _index_for_listing(conn: sa.Connection) -> None:
+    table = _results_table(sa.MetaData())
+    sa.Index("ix_results_created_at", table.c.created_at).create(conn)
+    sa.Index("ix_results_profile", table.c.profile_name, table.c.profile_id).create(conn)
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "results table", _create_results),
+    Migration(2, "indexes for listing by time and profile", _index_for_listing),
+)
+SCHEMA_VERSION = MIGRATIONS[-1].version
+
+
+def _sqlite_engine(url: sa.URL) -> sa.Engine:
+    if url.database and url.database != ":memory:":
+        Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+    engine = sa.create_engine(url, connect_args={"timeout": 60})
+
+    @sa.event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Let SQLAlchemy's "begin" event start transactions, not pysqlite's implicit BEGIN.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA busy_timeout=60000")
+        cursor.close()
+
+    @sa.event.listens_for(engine, "begin")
+    def _on_begin(conn: sa.Connection) -> None:
+        # Take the write lock up front: two writers queue on busy_timeout instead of failing mid-way.
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def create_store_engine(url: str) -> sa.Engine:
+    parsed = sa.engine.make_url(normalise_url(url))
+    if parsed.get_backend_name() == "sqlite":
+        return _sqlite_engine(parsed)
+    if parsed.get_backend_name() == "postgresql":
+        return sa.create_engine(parsed, pool_pre_ping=True)
+    raise StoreError(f"unsupported store URL {display_url(url)}: use sqlite:///PATH or postgresql://...")
+
+
+class Store:
+    """Open with `open_store(url)`; the schema is current once it returns."""
+
+    def __init__(self, engine: sa.Engine, url: str) -> None:
+        self.engine = engine
+        self.url = url
+
+    @property
+    def display_url(self) -> str:
+        return display_url(self.url)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def schema_version(self) -> int:
+        with self.engine.connect() as conn:
+            return _applied_version(conn)
+
+    def migrate(self, up_to: int | None = None) -> list[int]:
+        """Apply the missing migrations (all, or up to `up_to`); returns the versions applied now."""
+        applied: list[int] = []
+        with self.engine.begin() as conn:
+            if conn.dialect.name == "postgresql":
+                conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_PG_MIGRATION_LOCK)))
+            MIGRATIONS_TABLE.create(conn, checkfirst=True)
+            current = _applied_version(conn)
+            if current > SCHEMA_VERSION:
+                raise StoreError(
+                    f"the store at {self.display_url} has schema version {current}, newer than this "
+                    f"deploykit knows ({SCHEMA_VERSION}); upgrade deploykit"
+                )
+            for migration in MIGRATIONS:
+                if migration.version <= current or (up_to is not None and migration.version > up_to):
+                    continue
+                migration.apply(conn)
+                conn.execute(
+                    sa.insert(MIGRATIONS_TABLE).values(
+                        version=migration.version,
+                        description=migration.description,
+                        applied_at=datetime.now(UTC),
+                    )
+                )
+                applied.append(migration.version)
+        return applied
+
+    def add(self, record: ResultRecord) -> int:
+        """Insert one attempt; returns its id."""
+        row = record.model_dump(mode="json", exclude={"id"})
+        row["created_at"] = record.created_at
+        with self.engine.begin() as conn:
+            result = conn.execute(sa.insert(RESULTS).values(**row).returning(RESULTS.c.id))
+            return int(result.scalar_one())
+
+    def get(self, result_id: int) -> ResultRecord | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(RESULTS).where(RESULTS.c.id == result_id)).mappings().first()
+        return None if row is None else _record(row)
+
+    def recent(self, limit: int = 20, profile: str | None = None) -> list[ResultRecord]:
+        """The newest attempts first."""
+        query = sa.select(RESULTS).order_by(RESULTS.c.id.desc()).limit(limit)
+        if profile is not None:
+            query = query.where(RESULTS.c.profile_name == profile)
+        with self.engine.connect() as conn:
+            return [_record(row) for row in conn.execute(query).mappings()]
+
+    def count(self) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.execute(sa.select(sa.func.count()).select_from(RESULTS)).scalar_one())
+
+
+def _applied_version(conn: sa.Connection) -> int:
+    if not sa.inspect(conn).has_table(MIGRATIONS_TABLE.name):
+        return 0
+    value = conn.execute(sa.select(sa.func.max(MIGRATIONS_TABLE.c.version))).scalar()
+    return int(value or 0)
+
+
+def _record(row: sa.RowMapping) -> ResultRecord:
+    data = dict(row)
+    created = data["created_at"]
+    if isinstance(created, datetime):
+        # SQLite keeps no offset (we always write UTC); PostgreSQL answers in the session's zone.
+        data["created_at"] = (
+            created.replace(tzinfo=UTC) if created.tzinfo is None else created.astimezone(UTC)
+        )
+    return ResultRecord.model_validate(data)
+
+
+def open_store(url: str | None = None, *, migrate: bool = True) -> Store:
+    """Open (creating when needed) the store at `url`, default `default_store_url()`."""
+    chosen = url or default_store_url()
+    store = Store(create_store_engine(chosen), chosen)
+    if migrate:
+        try:
+            store.migrate()
+        except sa.exc.OperationalError as exc:
+            store.close()
+            raise StoreError(f"cannot open the results store {display_url(chosen)}: {exc.orig}") from exc
+    return store
+
+
+@contextmanager
+def opened_store(url: str | None = None) -> Iterator[Store]:
+    store = open_store(url)
+    try:
+        yield store
+    finally:
+        store.close()

@@ -1,0 +1,222 @@
+"""The results store, each test on both back-ends: a SQLite file and the real PostgreSQL that
+tools/ci-services.sh starts on 127.0.0.1 (a fresh schema per test)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from typer.testing import CliRunner
+
+from deploykit.cli import app
+from deploykit.smoke import CaseResult
+from deploykit.store import (
+    MIGRATIONS_TABLE,
+    SCHEMA_VERSION,
+    ResultRecord,
+    Store,
+    StoreError,
+    create_store_engine,
+    default_store_url,
+    display_url,
+    normalise_url,
+    open_store,
+)
+from tests.e2e.serve_helpers import BACKENDS, fresh_store_url
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(params=BACKENDS)
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    with fresh_store_url(request.param, tmp_path) as url:
+        yield url
+
+
+@pytest.fixture()
+def store(store_url: str) -> Iterator[Store]:
+    opened = open_store(store_url)
+    yield opened
+    opened.close()
+
+
+def full_record(profile: str = "demo-cpu", verdict: str = "pass") -> ResultRecord:
+    case = CaseResult(
+        name="completion",
+        kind="completion",
+        endpoint="/v1/completions",
+        model="tiny",
+        passed=verdict == "pass",
+        diagnosis="" if verdict == "pass" else "every generated id is 0",
+        http_status=200,
+        latency_s=0.42,
+        prompt_tokens=5,
+        completion_tokens=16,
+        tokens_per_s=38.1,
+        first_ids=[5, 9, 300],
+        finish_reason="length",
+        text=" once",
+    )
+    return ResultRecord(
+        profile_name=profile,
+        profile_id="ab" * 32,
+        verdict=verdict,  # type: ignore[arg-type]
+        stage="done",
+        diagnosis="all 1 cases passed (completion)" if verdict == "pass" else "completion: every id is 0",
+        base_url="http://127.0.0.1:8000",
+        facts={"gpus": [], "error": "no GPU", "vllm_version": "0.32.0+cpu"},
+        plan={"argv": ["vllm", "serve", "/m"], "env": {"HF_TOKEN": "${HF_TOKEN}"}},
+        versions={"deploykit": "0.1.0", "vllm": "0.32.0+cpu", "torch": None},
+        timings={"startup_s": 31.5, "case_completion_s": 0.42, "overhead_s": 0.2},
+        cases=[case],
+        log_path="/tmp/x.log",
+        log_tail="INFO started\nINFO done ✓",
+    )
+
+
+def test_a_record_comes_back_exactly(store: Store) -> None:
+    record = full_record()
+    result_id = store.add(record)
+    stored = store.get(result_id)
+    assert stored is not None
+    assert stored.id == result_id
+    assert stored.model_dump(exclude={"id"}) == record.model_dump(exclude={"id"})
+    assert stored.created_at.tzinfo is not None
+    assert store.get(result_id + 1000) is None
+
+
+def test_recent_lists_newest_first_and_filters_by_profile(store: Store) -> None:
+    ids = [store.add(full_record(profile=name)) for name in ("a", "b", "a", "c")]
+    assert [r.id for r in store.recent()] == list(reversed(ids))
+    assert [r.id for r in store.recent(limit=2)] == [ids[3], ids[2]]
+    assert [r.id for r in store.recent(profile="a")] == [ids[2], ids[0]]
+    assert store.count() == 4
+
+
+def test_schema_is_versioned_and_opening_again_migrates_nothing(store_url: str) -> None:
+    first = open_store(store_url)
+    assert first.schema_version() == SCHEMA_VERSION
+    assert first.migrate() == []
+    with first.engine.connect() as conn:
+        rows = conn.execute(sa.select(MIGRATIONS_TABLE.c.version).order_by(MIGRATIONS_TABLE.c.version)).all()
+    assert [r.version for r in rows] == list(range(1, SCHEMA_VERSION + 1))
+    first.close()
+
+
+def test_an_old_store_is_migrated_and_keeps_its_rows(store_url: str) -> None:
+    old = Store(create_store_engine(store_url), store_url)
+    assert old.migrate(up_to=1) == [1]
+    assert old.schema_version() == 1
+    kept = old.add(full_record(profile="from-v1"))
+    with old.engine.connect() as conn:
+        assert not sa.inspect(conn).get_indexes("results")
+    old.close()
+
+    upgraded = open_store(store_url)
+    assert upgraded.schema_version() == SCHEMA_VERSION
+    record = upgraded.get(kept)
+    assert record is not None and record.profile_name == "from-v1"
+    with upgraded.engine.connect() as conn:
+        names = {index["name"] for index in sa.inspect(conn).get_indexes("results")}
+    assert {"ix_results_created_at", "ix_results_profile"} <= names
+    upgraded.close()
+
+
+def test_a_store_from_a_newer_deploykit_is_refused(store: Store, store_url: str) -> None:
+    with store.engine.begin() as conn:
+        conn.execute(
+            sa.insert(MIGRATIONS_TABLE).values(version=99, description="future", applied_at=datetime.now(UTC))
+        )
+    with pytest.raises(StoreError, match="schema version 99, newer than"):
+        open_store(store_url)
+
+
+_WRITER = textwrap.dedent(
+    """
+    import sys
+    from deploykit.store import ResultRecord, open_store
+    url, tag, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    store = open_store(url)  # both writers race on a store that does not exist yet
+    for i in range(count):
+        store.add(ResultRecord(profile_name=tag, verdict="pass", stage="done", diagnosis=f"{tag}-{i}"))
+    store.close()
+    """
+)
+
+
+def test_two_processes_writing_at_once_lose_no_row(store_url: str) -> None:
+    count = 150
+    writers = [
+        subprocess.Popen([sys.executable, "-c", _WRITER, store_url, tag, str(count)], cwd=REPO)
+        for tag in ("one", "two")
+    ]
+    assert [w.wait(timeout=240) for w in writers] == [0, 0]
+    store = open_store(store_url)
+    records = store.recent(limit=10 * count)
+    store.close()
+    assert len(records) == 2 * count
+    assert len({r.id for r in records}) == 2 * count
+    for tag in ("one", "two"):
+        assert sorted(r.diagnosis for r in records if r.profile_name == tag) == sorted(
+            f"{tag}-{i}" for i in range(count)
+        )
+
+
+def test_cli_lists_and_shows_results(store: Store, store_url: str) -> None:
+    passed = store.add(full_record(profile="demo-cpu"))
+    failed = store.add(full_record(profile="nan-model", verdict="fail"))
+    runner = CliRunner()
+    listed = runner.invoke(app, ["results", "list", "--store", store_url, "--format", "json"])
+    assert listed.exit_code == 0, listed.output
+    rows = json.loads(listed.output)
+    assert [(r["id"], r["verdict"]) for r in rows] == [(failed, "fail"), (passed, "pass")]
+    table = runner.invoke(app, ["results", "list", "--store", store_url])
+    assert table.exit_code == 0 and "nan-model" in table.output and "demo-cpu" in table.output
+    shown = runner.invoke(app, ["results", "show", str(failed), "--store", store_url, "--format", "json"])
+    assert json.loads(shown.output)["cases"][0]["first_ids"] == [5, 9, 300]
+    human = runner.invoke(app, ["results", "show", str(passed), "--store", store_url])
+    assert human.exit_code == 0 and "verdict PASS" in human.output and "vllm serve /m" in human.output
+    missing = runner.invoke(app, ["results", "show", "999999", "--store", store_url])
+    assert missing.exit_code == 1
+
+
+def test_sqlite_store_runs_in_wal_mode(tmp_path: Path) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 'r.sqlite'}")
+    with store.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+    store.close()
+
+
+def test_default_store_is_sqlite_in_the_user_data_dir(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("DEPLOYKIT_STORE", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    assert default_store_url() == f"sqlite:///{tmp_path / 'deploykit' / 'results.sqlite'}"
+    store = open_store()
+    store.add(full_record())
+    store.close()
+    assert (tmp_path / "deploykit" / "results.sqlite").exists()
+    monkeypatch.setenv("DEPLOYKIT_STORE", "postgresql://u:pw@db/results")
+    assert default_store_url() == "postgresql://u:pw@db/results"
+
+
+def test_urls_are_normalised_and_passwords_hidden() -> None:
+    assert normalise_url("postgresql://u:pw@h/db") == "postgresql+psycopg://u:pw@h/db"
+    assert normalise_url("postgres://u@h/db") == "postgresql+psycopg://u@h/db"
+    assert normalise_url("/tmp/r.sqlite") == "sqlite:////tmp/r.sqlite"
+    assert "pw" not in display_url("postgresql://u:pw@h/db")
+    with pytest.raises(StoreError, match="unsupported store URL"):
+        create_store_engine("mysql://u@h/db")
+
+
+def test_unreachable_postgres_is_a_clear_error() -> None:
+    with pytest.raises(StoreError, match="cannot open the results store"):
+        open_store("postgresql://nobody:pw@127.0.0.1:9/none?connect_timeout=2")

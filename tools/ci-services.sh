@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Services the test suite needs, started before `make test` (.ci/run calls this as root).
+#
+# PostgreSQL: Debian's package, one cluster listening on 127.0.0.1, a role and a database for the
+# results-store tests. The tests connect to
+#   postgresql+psycopg://deploykit:deploykit@127.0.0.1:5432/deploykit_test
+# (override with DEPLOYKIT_TEST_PG_URL). Idempotent: when everything is there already it only checks
+# that the server answers (well under a second).
+set -euo pipefail
+
+PG_ROLE=deploykit
+PG_PASSWORD=deploykit
+PG_DB=deploykit_test
+PG_PORT=${DEPLOYKIT_TEST_PG_PORT:-5432}
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+as_postgres() {
+  as_root runuser -u postgres -- "$@"
+}
+
+if ! command -v pg_ctlcluster >/dev/null 2>&1 || ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
+  echo "ci-services: installing PostgreSQL (Debian package)"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+fi
+
+PG_VERSION=$(ls /usr/lib/postgresql | sort -V | tail -n 1)
+if ! pg_lsclusters -h | awk -v v="$PG_VERSION" '$1 == v && $2 == "main" {found = 1} END {exit !found}'; then
+  echo "ci-services: creating cluster $PG_VERSION/main on port $PG_PORT"
+  as_root pg_createcluster --port "$PG_PORT" "$PG_VERSION" main >/dev/null
+fi
+# The cluster's own port wins: an existing cluster keeps whatever it was created with.
+PG_PORT=$(pg_lsclusters -h | awk -v v="$PG_VERSION" '$1 == v && $2 == "main" {print $3}')
+
+if ! pg_lsclusters -h | awk -v v="$PG_VERSION" '$1 == v && $2 == "main" && $4 == "online" {found = 1} END {exit !found}'; then
+  echo "ci-services: starting PostgreSQL $PG_VERSION/main"
+  as_root install -d -o postgres -g postgres -m 2775 /var/run/postgresql
+  as_root pg_ctlcluster "$PG_VERSION" main start
+fi
+
+for _ in $(seq 1 60); do
+  if pg_isready -q -h 127.0.0.1 -p "$PG_PORT"; then break; fi
+  sleep 0.5
+done
+pg_isready -h 127.0.0.1 -p "$PG_PORT" >/dev/null || {
+  echo "ci-services: PostgreSQL does not answer on 127.0.0.1:$PG_PORT" >&2
+  exit 1
+}
+
+as_postgres psql -q -p "$PG_PORT" -v ON_ERROR_STOP=1 -d postgres <<SQL
+DO \$\$
+BEGIN
+  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$PG_ROLE') THEN
+    CREATE ROLE $PG_ROLE LOGIN PASSWORD '$PG_PASSWORD';
+  END IF;
+END
+\$\$;
+SQL
+if ! as_postgres psql -p "$PG_PORT" -tAc "SELECT 1 FROM pg_database WHERE datname = '$PG_DB'" -d postgres | grep -q 1; then
+  as_postgres createdb -p "$PG_PORT" -O "$PG_ROLE" "$PG_DB"
+fi
+
+echo "ci-services: PostgreSQL ready: postgresql+psycopg://$PG_ROLE:***@127.0.0.1:$PG_PORT/$PG_DB"
