@@ -21,6 +21,13 @@ as_postgres() {
   as_root runuser -u postgres -- "$@"
 }
 
+# systemd-analyze (Debian's systemd package) checks the rendered units in tests/render.
+if ! command -v systemd-analyze >/dev/null 2>&1; then
+  echo "ci-services: installing systemd-analyze (Debian package systemd)"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >/dev/null
+fi
+
 if ! command -v pg_ctlcluster >/dev/null 2>&1 || ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
   echo "ci-services: installing PostgreSQL (Debian package)"
   as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
