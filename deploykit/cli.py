@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
+from deploykit.commands.options import FactsOption, FixOption, FormatOption, ProfileOption, TableOrJson
+
 if TYPE_CHECKING:
     from deploykit.facts import ProbeFacts
     from deploykit.fixes.base import FixMode
@@ -29,31 +31,10 @@ EXIT_USAGE = 2
 EXIT_NO_GPU = 3
 
 
-class TableOrJson(StrEnum):
-    table = "table"
-    json = "json"
-
-
 class PlanFormat(StrEnum):
     text = "text"
     json = "json"
     shell = "shell"
-
-
-FactsOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--facts", help="Use a saved `deploykit probe --save FILE` instead of probing this machine."
-    ),
-]
-ProfileOption = Annotated[
-    str,
-    typer.Option("--profile", "-p", help="A profile file, or the bare name of a shipped/user profile."),
-]
-FixOption = Annotated[
-    list[str] | None,
-    typer.Option("--fix", help="Override a fix: NAME=on|off|auto (repeatable)."),
-]
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
@@ -162,7 +143,7 @@ def profiles_list(
     dir: Annotated[
         Path | None, typer.Option("--dir", help="Also list the profiles in this directory.")
     ] = None,
-    format: Annotated[TableOrJson, typer.Option("--format", "-f")] = TableOrJson.table,
+    format: FormatOption = TableOrJson.table,
 ) -> None:
     """Every shipped and user profile: compatible, compatible with warnings, or incompatible with this GPU."""
     from deploykit.profile_list import assess_profiles
@@ -180,7 +161,7 @@ def profiles_list(
 
 @app.command()
 def fixes(
-    format: Annotated[TableOrJson, typer.Option("--format", "-f")] = TableOrJson.table,
+    format: FormatOption = TableOrJson.table,
 ) -> None:
     """Every fix, what it patches, and its status against the installed vLLM (imports vLLM)."""
     from deploykit.fix_status import fix_statuses

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from deploykit.commands.options import FactsOption, FixOption, ProfileOption
+
 if TYPE_CHECKING:
     from deploykit.render.common import RenderResult
 
@@ -32,12 +34,10 @@ def _report(result: RenderResult, out: Path) -> None:
 
 @render_app.command("systemd")
 def render_systemd(
-    profile: Annotated[str, typer.Option("--profile", "-p", help="A profile file or a profile's name.")],
+    profile: ProfileOption,
     out: OutOption,
-    facts: Annotated[
-        Path | None, typer.Option("--facts", help="A saved `deploykit probe --save FILE` (default: probe).")
-    ] = None,
-    fix: Annotated[list[str] | None, typer.Option("--fix", help="Override a fix: NAME=on|off|auto.")] = None,
+    facts: FactsOption = None,
+    fix: FixOption = None,
     prefix: Annotated[
         Path | None,
         typer.Option(
@@ -67,12 +67,10 @@ def render_systemd(
 
 @render_app.command("helm")
 def render_helm(
-    profile: Annotated[str, typer.Option("--profile", "-p", help="A profile file or a profile's name.")],
+    profile: ProfileOption,
     out: OutOption,
-    facts: Annotated[
-        Path | None, typer.Option("--facts", help="A saved `deploykit probe --save FILE` (default: probe).")
-    ] = None,
-    fix: Annotated[list[str] | None, typer.Option("--fix", help="Override a fix: NAME=on|off|auto.")] = None,
+    facts: FactsOption = None,
+    fix: FixOption = None,
 ) -> None:
     """A Helm chart (apiVersion v2): Deployment, Service, profile ConfigMap and a smoke test hook."""
     from deploykit.cli import fail, gather_facts, open_profile, parse_fix_overrides

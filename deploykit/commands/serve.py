@@ -5,19 +5,15 @@ Nothing heavy at import time: the orchestration, the store (SQLAlchemy) and HTTP
 
 from __future__ import annotations
 
-from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from deploykit.commands.options import FixOption, FormatOption, ProfileOption, TableOrJson
+
 if TYPE_CHECKING:
     from deploykit.store import ResultRecord
-
-
-class OutputFormat(StrEnum):
-    table = "table"
-    json = "json"
 
 
 StoreOption = Annotated[
@@ -33,10 +29,8 @@ results_app = typer.Typer(help="Stored results of serve and smoke attempts.", no
 
 
 def serve(
-    profile: Annotated[str, typer.Option("--profile", "-p", help="A profile file or a shipped/user name.")],
-    fix: Annotated[
-        list[str] | None, typer.Option("--fix", help="Override a fix: NAME=on|off|auto (repeatable).")
-    ] = None,
+    profile: ProfileOption,
+    fix: FixOption = None,
     check: Annotated[
         bool, typer.Option("--check", help="Stop after the verdict: exit 0 when it passes, 1 when not.")
     ] = False,
@@ -106,7 +100,7 @@ def results_list(
     store: StoreOption = None,
     limit: Annotated[int, typer.Option("--limit", "-n", help="How many, newest first.")] = 20,
     profile: Annotated[str | None, typer.Option("--profile", help="Only this profile name.")] = None,
-    format: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.table,
+    format: FormatOption = TableOrJson.table,
 ) -> None:
     """The newest attempts, one line each."""
     from deploykit.store import opened_store
@@ -114,7 +108,7 @@ def results_list(
     with opened_store(store) as opened:
         records = opened.recent(limit=limit, profile=profile)
         where = opened.display_url
-    if format is OutputFormat.json:
+    if format is TableOrJson.json:
         import json
 
         typer.echo(json.dumps([r.model_dump(mode="json") for r in records], indent=2))
@@ -143,7 +137,7 @@ def results_list(
 def results_show(
     result_id: Annotated[int, typer.Argument(metavar="ID", help="A result id from `results list`.")],
     store: StoreOption = None,
-    format: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.table,
+    format: FormatOption = TableOrJson.table,
 ) -> None:
     """Everything stored about one attempt."""
     from deploykit.store import opened_store
@@ -153,7 +147,7 @@ def results_show(
     if record is None:
         typer.echo(f"deploykit results show: no result #{result_id}", err=True)
         raise typer.Exit(1)
-    if format is OutputFormat.json:
+    if format is TableOrJson.json:
         typer.echo(record.model_dump_json(indent=2))
         return
     _print_record(record)
