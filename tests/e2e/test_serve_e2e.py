@@ -23,18 +23,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from deploykit.launch import free_port, port_in_use
 from deploykit.store import ResultRecord, open_store
 from tests.e2e.serve_helpers import (
-    REPO,
     CommandRun,
     dump_store,
     fresh_pg_url,
     group_members,
     read_proc,
 )
+from tests.profile_variants import profile_variant
 
 pytestmark = pytest.mark.e2e
 
@@ -62,18 +61,9 @@ def command_env(tmp: Path, **extra: str) -> dict[str, str]:
 
 
 def demo_variant(tmp: Path, name: str, **changes: Any) -> Path:
-    """The demo profile with some fields replaced (dotted keys), written to `tmp`."""
-    data = yaml.safe_load((REPO / "profiles" / "demo-cpu.yaml").read_text())
-    data["name"] = name
-    for dotted, value in changes.items():
-        node = data
-        *parents, leaf = dotted.split("__")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = value
-    path = tmp / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+    """The demo profile renamed, with fields replaced (`model__source=...` sets model.source)."""
+    dotted = {key.replace("__", "."): value for key, value in changes.items()}
+    return profile_variant(tmp, "demo-cpu", {"name": name, **dotted})
 
 
 def only_row(url: str) -> ResultRecord:

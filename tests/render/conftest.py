@@ -11,12 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from deploykit.facts import GpuFacts, ProbeFacts
-from tests.vllm_harness import REPO
-
-PROFILES = REPO / "profiles"
+from tests.profile_variants import profile_variant
 
 
 def _gpu(index: int, name: str, cc: tuple[int, int], arch: str, memory_mib: int) -> GpuFacts:
@@ -54,20 +51,6 @@ def hopper_facts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One H100 80GB HBM3 (CC 9.0)."""
     path = tmp_path_factory.mktemp("facts") / "h100.json"
     path.write_text(_facts([_gpu(0, "NVIDIA H100 80GB HBM3", (9, 0), "hopper", 81559)]).model_dump_json())
-    return path
-
-
-def profile_variant(directory: Path, base: str, changes: dict[str, Any]) -> Path:
-    """A shipped profile with some fields changed (`serve.host` → nested keys), written as a new file."""
-    data = yaml.safe_load((PROFILES / f"{base}.yaml").read_text())
-    for dotted, value in changes.items():
-        *parents, last = dotted.split(".")
-        node = data
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = value
-    path = directory / f"{data['name']}.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 
 
