@@ -173,16 +173,25 @@ def tiny_gemma4_unified_dir() -> Path:
     )
     if (target / "deploykit-recipe.json").exists():
         return target
-    make_gemma4_unified_importable()
     staging = target.with_name(f".{target.name}.{os.getpid()}")
     subprocess.run(["rm", "-rf", str(staging)], check=False)
-    _write_tiny_gemma4_unified(staging)
+    # In a fresh process: transformers caches "is torchvision available?" at its first check, so a test
+    # process that imported transformers before torchvision was on its path cannot build the processor.
+    env = {**os.environ, **torchvision_server_env()}
+    code = "import sys; from tests.e2e.gemma4_models import build_into; build_into(sys.argv[1])"
+    subprocess.run([sys.executable, "-c", code, str(staging)], cwd=REPO, env=env, check=True, timeout=600)
     (staging / "deploykit-recipe.json").write_text('{"recipe": "tests/e2e/gemma4_models.py"}\n')
     try:
         staging.rename(target)
     except OSError:  # another process finished first
         subprocess.run(["rm", "-rf", str(staging)], check=False)
     return target
+
+
+def build_into(folder: str) -> None:
+    """Entry point of the build subprocess (see tiny_gemma4_unified_dir)."""
+    make_gemma4_unified_importable()
+    _write_tiny_gemma4_unified(Path(folder))
 
 
 def _tiny_tokenizer() -> object:
