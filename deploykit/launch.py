@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -149,6 +150,13 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
+def _parent_death_guard() -> list[str]:
+    """`setpriv --pdeathsig TERM --`: the kernel sends SIGTERM to vLLM if deploykit dies without cleaning up
+    (SIGKILL, OOM), and vLLM then stops its own engine and workers. Without util-linux's setpriv, nothing."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "TERM", "--"] if setpriv else []
+
+
 def start_server(
     argv: Sequence[str],
     env: Mapping[str, str],
@@ -159,6 +167,7 @@ def start_server(
 ) -> ServerProcess:
     """Start vLLM in a new session (its own process group) with stdout and stderr in `log_path`."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    argv = [*_parent_death_guard(), *argv]
     log_file = log_path.open("ab")
     try:
         process = subprocess.Popen(
