@@ -59,29 +59,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
 
+    from tests.e2e.gemma4_models import gemma4_unified_in_one_process
+    from tests.fixes.test_fp32_projection import build_embedder
+
+    with gemma4_unified_in_one_process() as gemma4_unified:
+        measure(args.repeats, gemma4_unified, build_embedder)
+
+
+def measure(repeats: int, gemma4_unified: Any, build_embedder: Any) -> None:
     import pytest
     import torch
 
     from deploykit.fixes import fp32_projection
-    from tests.e2e.gemma4_models import make_gemma4_unified_importable
-
-    make_gemma4_unified_importable()
-    from vllm.config import VllmConfig, set_current_vllm_config
-    from vllm.distributed import parallel_state
-
-    from deploykit.launch import free_port
-    from tests.fixes.test_fp32_projection import build_embedder
-
-    with set_current_vllm_config(VllmConfig()):
-        parallel_state.init_distributed_environment(
-            world_size=1,
-            rank=0,
-            distributed_init_method=f"tcp://127.0.0.1:{free_port()}",
-            local_rank=0,
-            backend="gloo",
-        )
-        parallel_state.initialize_model_parallel(1, 1)
-    from vllm.model_executor.models import gemma4_unified
 
     weights = random_checkpoint()
     baseline = build_embedder(gemma4_unified, torch.float16, weights)
@@ -96,7 +85,7 @@ def main() -> None:
     plain_bytes, fixed_bytes = moved * 2, moved * 4
     whole_fp16 = sum(t.numel() * 2 for t in weights.values())
 
-    print(f"torch threads: {torch.get_num_threads()}, repeats: {args.repeats} (median)")
+    print(f"torch threads: {torch.get_num_threads()}, repeats: {repeats} (median)")
     print(
         f"memory: patch_dense+patch_ln2 FP16 {plain_bytes / 2**20:.1f} MiB"
         f" -> FP32 {fixed_bytes / 2**20:.1f} MiB "
@@ -108,14 +97,12 @@ def main() -> None:
         grid = torch.arange(16)
         rows, cols = torch.meshgrid(grid, grid, indexing="ij")
         positions = torch.stack([cols.reshape(-1), rows.reshape(-1)], -1).expand(images, 256, 2).contiguous()
-        base_s = time_forward(baseline, patches, positions, args.repeats)
-        fixed_s = time_forward(fixed, patches, positions, args.repeats)
+        base_s = time_forward(baseline, patches, positions, repeats)
+        fixed_s = time_forward(fixed, patches, positions, repeats)
         print(
             f"embedder forward, {images} image(s) x 256 patches: FP16 baseline {base_s * 1e3:.1f} ms, "
             f"with fix {fixed_s * 1e3:.1f} ms, ratio {fixed_s / base_s:.2f}"
         )
-    parallel_state.destroy_model_parallel()
-    parallel_state.destroy_distributed_environment()
 
 
 if __name__ == "__main__":

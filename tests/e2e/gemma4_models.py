@@ -18,6 +18,8 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +122,36 @@ def make_gemma4_unified_importable() -> None:
     if folder not in sys.path:
         sys.path.insert(0, folder)
     declare_torchvision_ops()
+
+
+@contextmanager
+def gemma4_unified_in_one_process() -> Iterator[Any]:
+    """vLLM's gemma4_unified module with its distributed state set up for one process (gloo), as
+    ColumnParallelLinear needs outside a server; torn down afterwards if it was set up here."""
+    make_gemma4_unified_importable()
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.distributed import parallel_state
+    from vllm.model_executor.models import gemma4_unified
+
+    from deploykit.launch import free_port
+
+    started_here = not parallel_state.model_parallel_is_initialized()
+    if started_here:
+        with set_current_vllm_config(VllmConfig()):
+            parallel_state.init_distributed_environment(
+                world_size=1,
+                rank=0,
+                distributed_init_method=f"tcp://127.0.0.1:{free_port()}",
+                local_rank=0,
+                backend="gloo",
+            )
+            parallel_state.initialize_model_parallel(1, 1)
+    try:
+        yield gemma4_unified
+    finally:
+        if started_here:
+            parallel_state.destroy_model_parallel()
+            parallel_state.destroy_distributed_environment()
 
 
 def torchvision_server_env() -> dict[str, str]:

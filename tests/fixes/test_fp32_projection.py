@@ -16,8 +16,7 @@ import pytest
 
 from deploykit.fixes import fp32_projection
 from deploykit.fixes.base import FixError, TargetStatus
-from deploykit.launch import free_port
-from tests.e2e.gemma4_models import make_gemma4_unified_importable
+from tests.e2e.gemma4_models import gemma4_unified_in_one_process
 
 PATCH_DIM = 6912  # (16 * 3) ** 2 * 3: Gemma4 Unified's default patch_size 16, pooling 3
 EMBED_DIM = 3840
@@ -37,26 +36,8 @@ MAX_DENSE_REL_ERROR = 1e-2
 @pytest.fixture(scope="module")
 def vllm_one_process() -> Iterator[Any]:
     """vLLM's distributed state for one process (gloo), as ColumnParallelLinear needs; the module itself."""
-    make_gemma4_unified_importable()
-    from vllm.config import VllmConfig, set_current_vllm_config
-    from vllm.distributed import parallel_state
-    from vllm.model_executor.models import gemma4_unified
-
-    started_here = not parallel_state.model_parallel_is_initialized()
-    if started_here:
-        with set_current_vllm_config(VllmConfig()):
-            parallel_state.init_distributed_environment(
-                world_size=1,
-                rank=0,
-                distributed_init_method=f"tcp://127.0.0.1:{free_port()}",
-                local_rank=0,
-                backend="gloo",
-            )
-            parallel_state.initialize_model_parallel(1, 1)
-    yield gemma4_unified
-    if started_here:
-        parallel_state.destroy_model_parallel()
-        parallel_state.destroy_distributed_environment()
+    with gemma4_unified_in_one_process() as gemma4_unified:
+        yield gemma4_unified
 
 
 @pytest.fixture
