@@ -169,7 +169,7 @@ def torchvision_server_env() -> dict[str, str]:
 # A tiny Gemma4 Unified checkpoint (random weights, BF16 like the field report's), built here
 # ---------------------------------------------------------------------------------------------------------
 
-TINY_GEMMA4_VERSION = "1"  # bump when the recipe below changes: it names the cache folder
+TINY_GEMMA4_VERSION = "2"  # bump when the recipe below changes: it names the cache folder
 IMAGE_TOKEN = "<image_soft_token>"  # what vLLM's Gemma4 chat path puts where an image goes
 # Gemma4's multimodal markers; ids 0/1/2 are pad/eos/bos as in Gemma's own vocabulary.
 GEMMA4_SPECIAL_TOKENS = {
@@ -306,7 +306,9 @@ def _write_tiny_gemma4_unified(out: Path) -> None:
     with torch.no_grad():
         for name, param in model.named_parameters():
             if param.dim() > 1:
-                param.normal_(0.0, 0.5 if "embed_vision" not in name else 0.05)
+                # A typical initialisation scale: larger weights saturate the tiny model's softmax onto one
+                # token (logprob 0.0), and then even sampling cannot show varied output.
+                param.normal_(0.0, 0.02 if "embed_vision" not in name else 0.05)
         _make_one_channel_overflow_fp16(model)
     model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
     image_processor = Gemma4UnifiedImageProcessor(

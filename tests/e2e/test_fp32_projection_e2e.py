@@ -79,8 +79,9 @@ def image_data_url() -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
-def post_image_request(server: RunningServer, *, logprobs: bool) -> Any:
-    """One chat request with an image, greedy, asking for token ids (and logprobs if asked)."""
+def post_image_request(server: RunningServer, *, logprobs: bool, sampled: bool = False) -> Any:
+    """One chat request with an image asking for token ids (and logprobs if asked); greedy unless
+    `sampled`, then temperature 1 with a fixed seed."""
     body = {
         "model": SERVED_NAME,
         "messages": [
@@ -93,7 +94,8 @@ def post_image_request(server: RunningServer, *, logprobs: bool) -> Any:
             }
         ],
         "max_tokens": MAX_TOKENS,
-        "temperature": 0,
+        "temperature": 1.0 if sampled else 0,
+        **({"seed": 1234} if sampled else {}),
         "return_token_ids": True,
         **({"logprobs": True, "top_logprobs": 1} if logprobs else {}),
     }
@@ -134,6 +136,10 @@ def test_without_fix_image_request_returns_only_token_0_and_non_finite_logprobs(
         assert not all(math.isfinite(v) for v in values)
     else:
         assert "Out of range float values are not JSON compliant" in with_logprobs.text
+    # Sampling does not help: a distribution made of NaN still collapses onto id 0.
+    sampled = post_image_request(server_without_fix, logprobs=False, sampled=True)
+    assert sampled.status_code == 200, sampled.text
+    assert list(sampled.json()["choices"][0]["token_ids"]) == [0] * MAX_TOKENS
     assert "deploykit: applied fix" not in server_without_fix.process.log_path.read_text()
 
 
@@ -142,9 +148,15 @@ def test_with_fix_image_request_returns_finite_varied_tokens(server_with_fix: Ru
     print(f"\nwith fix: token_ids={result['token_ids']} logprobs={result['logprobs'][:4]}...")
     assert len(result["prompt_token_ids"]) > 64
     assert all(math.isfinite(value) for value in result["logprobs"])
-    # A random tiny model decodes greedily to a repeated ordinary token; what matters is that the
-    # scores are real numbers again and decoding no longer collapses onto id 0.
+    # The scores are real numbers again and decoding no longer collapses onto id 0: normal, varied ids.
     assert set(result["token_ids"]) != {0}
+    assert len(set(result["token_ids"])) > 3
     assert result["finish_reason"] == "length"
+    # Sampled from the now finite distribution, the same request gives varied ids.
+    sampled = post_image_request(server_with_fix, logprobs=False, sampled=True)
+    assert sampled.status_code == 200, sampled.text
+    sampled_ids = list(sampled.json()["choices"][0]["token_ids"])
+    print(f"with fix, sampled: token_ids={sampled_ids}")
+    assert len(set(sampled_ids)) > 3
     log = server_with_fix.process.log_path.read_text()
     assert "deploykit: applied fix fp32_projection to vllm.model_executor.models.gemma4_unified" in log
