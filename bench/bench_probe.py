@@ -50,9 +50,9 @@ BASELINE = "python -c pass (baseline)"
 # What profiling (`python -X importtime`, cProfile) showed; kept with the numbers in the docs.
 NOTES = """Where the time goes (python -X importtime and cProfile of `deploykit probe --format json`):
 
-- `typer._adapters`: typer 0.29 coerces every CLI parameter through pydantic `TypeAdapter`s
-  (typer/_coercion.py `build_runtime_param`, imported lazily when the first option is parsed). It is
-  the largest single item of the CLI layer; `probe()` without the CLI is the row above the command.
+- typer 0.29 coerced every CLI parameter through pydantic `TypeAdapter`s (`typer._adapters`, about
+  0.3 s CPU per command, measured at load 8: probe 1.735 s wall / 0.547 s CPU); pyproject.toml now pins
+  typer below 0.29, and the CLI layer is the gap between `probe()` and the command rows above.
 - pydantic itself and building the `ProbeFacts`/`GpuFacts` models (`deploykit.facts`), including
   pydantic's plugin loader, which reads the entry points of every installed distribution (172 in this
   venv, vLLM's dependencies included): `PYDANTIC_DISABLE_PLUGINS=__all__` saved ~0.06 CPU s on
