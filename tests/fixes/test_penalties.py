@@ -187,6 +187,19 @@ class Driver:
                 outputs.append(self.token())
 
 
+def full_batch(
+    max_rows: int, vocab: int, seed: int
+) -> tuple[InputBatch, impl.DevicePenaltiesProcessor, Driver]:
+    """A batch filled to `max_rows` penalised requests, its processor and the driver that grows it."""
+    batch = make_batch(max_rows, vocab, max_model_len=4096)
+    proc = the_processor(batch)
+    driver = Driver(batch, vocab, seed=seed)
+    for _ in range(max_rows):
+        driver.add()
+    batch.refresh_metadata()
+    return batch, proc, driver
+
+
 @pytest.mark.parametrize(
     ("seed", "plain_fraction"),
     [(0, 0.2), (1, 0.2), (2, 0.2), (3, 0.0)],  # 0.0: every row penalised, the sliced (no-gather) path
@@ -225,12 +238,7 @@ def test_randomized_batches_match_vllm_exactly(stand_aside: None, seed: int, pla
 
 def test_state_scales_with_distinct_tokens_not_vocab(stand_aside: None) -> None:
     vocab, max_rows = 128_256, 8
-    batch = make_batch(max_rows, vocab, max_model_len=4096)
-    proc = the_processor(batch)
-    driver = Driver(batch, vocab, seed=7)
-    for _ in range(max_rows):
-        driver.add()
-    batch.refresh_metadata()
+    batch, proc, driver = full_batch(max_rows, vocab, seed=7)
     for _ in range(300):
         driver.grow_outputs()
         proc.apply(torch.zeros(batch.num_reqs, vocab))
@@ -248,12 +256,7 @@ def test_state_scales_with_distinct_tokens_not_vocab(stand_aside: None) -> None:
 
 def test_per_step_host_hands_over_only_the_newest_tokens(stand_aside: None) -> None:
     vocab, max_rows = 5000, 16
-    batch = make_batch(max_rows, vocab, max_model_len=4096)
-    proc = the_processor(batch)
-    driver = Driver(batch, vocab, seed=3)
-    for _ in range(max_rows):
-        driver.add()
-    batch.refresh_metadata()
+    batch, proc, driver = full_batch(max_rows, vocab, seed=3)
     proc.apply(torch.zeros(batch.num_reqs, vocab))
     uploads: list[int] = []
     real_upload = proc._int_ring.upload
@@ -278,12 +281,7 @@ def test_no_pass_over_batch_by_vocab(stand_aside: None) -> None:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     vocab, max_rows = 128_256, 8
-    batch = make_batch(max_rows, vocab, max_model_len=4096)
-    proc = the_processor(batch)
-    driver = Driver(batch, vocab, seed=5)
-    for _ in range(max_rows):
-        driver.add()
-    batch.refresh_metadata()
+    batch, proc, driver = full_batch(max_rows, vocab, seed=5)
     logits = torch.randn(batch.num_reqs, vocab)
     for _ in range(50):
         driver.grow_outputs()
