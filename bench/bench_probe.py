@@ -31,12 +31,19 @@ SECTION_END = "<!-- bench_probe:end -->"
 COMMANDS: dict[str, list[str]] = {
     "python -c pass (baseline)": [sys.executable, "-c", "pass"],
     "python -c 'import deploykit.cli'": [sys.executable, "-c", "import deploykit.cli"],
-    "probe() without the CLI": [
+    "read_probe_document() (the JSON path, no CLI)": [
+        sys.executable,
+        "-c",
+        "import sys; from deploykit.nvml_reader import document_json, read_probe_document; "
+        "sys.stdout.write(document_json(read_probe_document()))",
+    ],
+    "probe() (validated ProbeFacts, no CLI)": [
         sys.executable,
         "-c",
         "import sys; from deploykit.probe import probe; sys.stdout.write(probe().model_dump_json())",
     ],
     "deploykit probe --format json": [str(BIN / "deploykit"), "probe", "--format", "json"],
+    "deploykit probe (table)": [str(BIN / "deploykit"), "probe"],
     "deploykit plan --profile demo-cpu --no-validate": [
         str(BIN / "deploykit"),
         "plan",
@@ -50,17 +57,23 @@ BASELINE = "python -c pass (baseline)"
 # What profiling (`python -X importtime`, cProfile) showed; kept with the numbers in the docs.
 NOTES = """Where the time goes (python -X importtime and cProfile of `deploykit probe --format json`):
 
-- typer 0.29 coerced every CLI parameter through pydantic `TypeAdapter`s (`typer._adapters`, about
-  0.3 s CPU per command, measured at load 8: probe 1.735 s wall / 0.547 s CPU); pyproject.toml now pins
-  typer below 0.29, and the CLI layer is the gap between `probe()` and the command rows above.
-- pydantic itself and building the `ProbeFacts`/`GpuFacts` models (`deploykit.facts`), including
-  pydantic's plugin loader, which reads the entry points of every installed distribution (172 in this
-  venv, vLLM's dependencies included): `PYDANTIC_DISABLE_PLUGINS=__all__` saved ~0.06 CPU s on
-  `import deploykit.facts` in one measurement, within noise for the whole command.
-- `pynvml` (an 8000-line module of ctypes structures) and `site` (the editable-install finder).
+- pydantic: importing it and building the first model costs ~0.25 s here, half of it in imports
+  pydantic makes lazily at the first model and in its plugin loader (`importlib.metadata` plus a scan
+  of the entry points of every installed distribution, 173 in this venv). The JSON path therefore
+  builds the document with plain dicts (`deploykit.nvml_reader`) and prints it with `json`; tests hold
+  it to the bytes `ProbeFacts.model_dump_json(indent=2)` writes for every GPU fixture and NVML failure
+  (tests/test_nvml_reader.py) and check that the command imports neither pydantic, importlib.metadata
+  nor rich (tests/test_cli_imports.py). The table for people still validates with pydantic.
+- Package versions (vllm, torch) are read from their METADATA files (`deploykit.installed`), not with
+  `importlib.metadata` (~0.07 s to import); tests compare both over every installed distribution.
+- typer 0.29 coerced every CLI parameter through pydantic `TypeAdapter`s (about 0.3 s CPU per
+  command); pyproject.toml pins typer below 0.29. typer itself is now the largest import (~0.05 s).
+- `pynvml` (an 8000-line module of ctypes structures, ~0.02 s) and `site` (the editable-install finder).
 - torch and vLLM: never imported (tests/test_cli_imports.py).
+- `plan` has no start-up target: it reads a YAML profile into pydantic models (the boundary), so it
+  pays for pydantic and PyYAML.
 
-The machine is shared (the load average above counts other people's vLLM servers on 2 cores), so
+The machine is shared (the load average above counts other work on 2 cores), so
 wall times are several times the CPU times; compare ratios within one run."""
 
 

@@ -85,20 +85,21 @@ def probe(
     save: Annotated[Path | None, typer.Option("--save", help="Also write the JSON facts to FILE.")] = None,
 ) -> None:
     """Read every NVIDIA GPU's facts through NVML (no CUDA context, no torch). Exit 3 when there is no GPU."""
-    from deploykit.probe import probe as run_probe
+    from deploykit.nvml_reader import document_json, read_probe_document
 
-    facts = run_probe()
-    text = facts.model_dump_json(indent=2)
+    document = read_probe_document()
+    text = document_json(document)
     if save is not None:
         save.write_text(text + "\n")
     if format is TableOrJson.json:
         typer.echo(text)
-    else:
+    else:  # people can wait for pydantic and rich; `--format json` does without them
+        from deploykit.facts import ProbeFacts
         from deploykit.report import print_probe
 
-        print_probe(facts)
-    if facts.error:
-        typer.echo(f"deploykit probe: {facts.error}", err=True)
+        print_probe(ProbeFacts.model_validate(document))
+    if document["error"]:
+        typer.echo(f"deploykit probe: {document['error']}", err=True)
         raise typer.Exit(EXIT_NO_GPU)
 
 

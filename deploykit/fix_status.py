@@ -6,7 +6,7 @@ from pydantic import BaseModel
 
 from deploykit.fixes import FIX_NAMES, load_fix
 from deploykit.fixes.base import TargetCheck, TargetStatus
-from deploykit.probe import installed_vllm_version
+from deploykit.installed import installed_vllm_version
 
 
 class FixRow(BaseModel):

@@ -36,7 +36,7 @@ def register() -> None:
     names = requested_fixes()
     if not names:
         return
-    from deploykit.probe import installed_vllm_version
+    from deploykit.installed import installed_vllm_version
 
     version = installed_vllm_version() or "unknown"
     for name in names:

@@ -52,8 +52,8 @@ def test_the_import_list_sees_what_a_process_imports() -> None:
 @pytest.mark.parametrize(
     ("argv", "ran"),
     [
-        (["probe"], "deploykit.probe"),
-        (["probe", "--format", "json"], "deploykit.probe"),
+        (["probe"], "deploykit.nvml_reader"),
+        (["probe", "--format", "json"], "deploykit.nvml_reader"),
         (["plan", "--profile", "demo-cpu", "--no-validate"], "deploykit.plan"),
         (
             [
@@ -78,3 +78,22 @@ def test_command_never_imports_torch_or_vllm(argv: list[str], ran: str) -> None:
     assert "Traceback" not in result.stderr, result.stderr[-2000:]
     assert ran in modules  # the command really got as far as its work
     assert heavy(modules) == set()
+
+
+# Each costs a large share of the probe's 0.3 s budget here (bench/bench_probe.py): pydantic ~0.25 s with
+# its first model, importlib.metadata ~0.07 s, rich ~0.05 s.
+NOT_FOR_PROBE_JSON = {"pydantic", "importlib.metadata", "rich"}
+
+
+def test_probe_json_does_without_pydantic_importlib_metadata_and_rich() -> None:
+    modules, result = imported_modules([str(DEPLOYKIT), "probe", "--format", "json"])
+
+    assert "deploykit.nvml_reader" in modules and '"schema_version": 1' in result.stdout
+    assert modules & NOT_FOR_PROBE_JSON == set()
+
+
+def test_the_probe_table_does_use_them() -> None:
+    """The check above can fail: the table for people validates with pydantic and prints with rich."""
+    modules, _ = imported_modules([str(DEPLOYKIT), "probe"])
+
+    assert {"pydantic", "rich"} <= modules

@@ -13,6 +13,7 @@ import pynvml
 import pytest
 from typer.testing import CliRunner
 
+import deploykit.nvml_reader
 import deploykit.probe
 from deploykit.cli import app
 from tests.fakes.fake_nvml import FakeNvml, load_gpu_fixture
@@ -112,7 +113,7 @@ def test_probe_help_is_clear() -> None:
 @pytest.fixture
 def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
     fake = FakeNvml.from_fixture(load_gpu_fixture("h100"), count=2)
-    monkeypatch.setattr(deploykit.probe, "_nvml_module", lambda: fake)
+    monkeypatch.setattr(deploykit.nvml_reader, "_nvml_module", lambda: fake)
     return fake
 
 

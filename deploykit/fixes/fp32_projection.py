@@ -100,7 +100,7 @@ def launch_args(inputs: DecisionInputs) -> list[str]:
 
 
 def _vllm_version() -> str:
-    from deploykit.probe import installed_vllm_version
+    from deploykit.installed import installed_vllm_version
 
     return installed_vllm_version() or "unknown"
 

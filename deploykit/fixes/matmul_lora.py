@@ -166,7 +166,7 @@ def _slice_delta(
 
 
 def _vllm_version() -> str:
-    from deploykit.probe import installed_vllm_version
+    from deploykit.installed import installed_vllm_version
 
     return installed_vllm_version() or "unknown"
 

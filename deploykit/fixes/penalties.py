@@ -77,7 +77,7 @@ def check_target() -> TargetCheck:
 
 def apply() -> str:
     """Make vLLM's host penalty path stand aside for batches served by DevicePenaltiesProcessor."""
-    from deploykit.probe import installed_vllm_version
+    from deploykit.installed import installed_vllm_version
 
     version = installed_vllm_version() or "unknown"
     check = check_target()
