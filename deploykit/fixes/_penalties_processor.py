@@ -46,7 +46,7 @@ BYTES_PER_SLOT = 4 + 4 + 1  # ids int32 + counts int32 + in_prompt bool
 
 
 def _vllm_version() -> str:
-    from deploykit.probe import installed_vllm_version
+    from deploykit.installed import installed_vllm_version
 
     return installed_vllm_version() or "unknown"
 
