@@ -5,7 +5,8 @@ vLLM starts in this file (each costs 30–60 s on a 2-core box, more when it is 
   2. a tiny model whose logits are all NaN, with a planted HF token and API key (--check);
   3. a tiny model whose logits are all 0.0, so greedy emits id 0 forever (--check);
   4. a model path that does not exist: vLLM exits during start-up (cheap: it dies while loading);
-  5. a 3 s start-up timeout (cheap: killed 3 s in).
+  5. a 3 s start-up timeout (cheap: killed 3 s in);
+  6. SIGTERM while vLLM loads (cheap: stopped once its engine process exists).
 A port already in use and a missing secret fail before vLLM starts.
 Every case checks: a clear message, nothing left running, exactly one stored row.
 """
@@ -303,6 +304,34 @@ def test_startup_timeout(tmp_path: Path) -> None:
     assert record.verdict == "error" and record.stage == "startup"
     assert run.vllm_pid() is not None
     assert_nothing_left(run)
+
+
+def test_sigterm_while_vllm_loads(tmp_path: Path) -> None:
+    """A stop request in the middle of start-up: vLLM's whole group goes, and the attempt is still a row."""
+    port = free_port()
+    store_url = f"sqlite:///{tmp_path / 'results.sqlite'}"
+    run = CommandRun(
+        ["serve", "--profile", "demo-cpu", "--check", "--port", str(port), "--store", store_url],
+        command_env(tmp_path),
+    )
+    try:
+        pid = int(run.wait_for(r"vLLM started: pid (\d+)", 120).group(1))
+        deadline = time.monotonic() + 60
+        while len(group_members(pid)) < 2 and time.monotonic() < deadline:  # the engine core has forked
+            time.sleep(0.2)
+        assert len(group_members(pid)) >= 2, "vLLM never got as far as its engine process"
+        run.process.send_signal(signal.SIGTERM)
+        assert run.finish(90) == 128 + signal.SIGTERM, run.tail()
+    finally:
+        run.kill_everything()
+    assert "vLLM healthy after" not in run.output  # it really was stopped during start-up
+    assert "its process group is gone" in run.output and "stopped by SIGTERM during startup" in run.output
+    record = only_row(store_url)
+    assert record.verdict == "interrupted" and record.stage == "startup"
+    assert record.diagnosis == "stopped by SIGTERM during startup"
+    assert record.log_tail and record.plan is not None
+    assert_nothing_left(run)
+    assert not port_in_use(port)
 
 
 def test_port_already_in_use(tmp_path: Path) -> None:
