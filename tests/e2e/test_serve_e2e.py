@@ -170,6 +170,17 @@ def test_sigterm_stops_the_server_and_leaves_nothing(demo: DemoServer) -> None:
 # --- 2. NaN logits, with planted secrets ------------------------------------------------------------
 
 
+def settled_environ(pid: int, timeout: float = 30) -> list[bytes]:
+    """A process's environment, read until there is one: the pid is setpriv's, which execs vLLM, and
+    /proc shows an empty environment while a process is inside execve (seen once on CI)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        environ = [entry for entry in read_proc(pid, "environ").split(b"\0") if entry]
+        if environ or time.monotonic() > deadline:
+            return environ
+        time.sleep(0.05)
+
+
 def test_nan_model_is_flagged_and_no_secret_leaks(tmp_path: Path) -> None:
     from deploykit.tinymodel import TinyModelRecipe, build_tiny_model
 
@@ -192,7 +203,7 @@ def test_nan_model_is_flagged_and_no_secret_leaks(tmp_path: Path) -> None:
         try:
             pid = int(run.wait_for(r"vLLM started: pid (\d+)", 120).group(1))
             # While vLLM loads: the secrets are in its environment, never in any process's argv.
-            environ = read_proc(pid, "environ").split(b"\0")
+            environ = settled_environ(pid)
             assert f"HF_TOKEN={hf_token}".encode() in environ
             assert f"VLLM_API_KEY={api_key}".encode() in environ
             seen = 0
