@@ -82,9 +82,18 @@ def stand_aside() -> Iterator[None]:
 class Driver:
     """Random request traffic through a real InputBatch, mutating output lists the way vLLM does."""
 
-    def __init__(self, batch: InputBatch, vocab: int, seed: int, plain_fraction: float = 0.2) -> None:
+    def __init__(
+        self,
+        batch: InputBatch,
+        vocab: int,
+        seed: int,
+        plain_fraction: float = 0.2,
+        empty_prompt_fraction: float = 0.0,
+    ) -> None:
         self.batch = batch
         self.plain_fraction = plain_fraction
+        self.empty_prompt_fraction = empty_prompt_fraction
+        self.empty_prompts = 0
         self.vocab = vocab
         self.rng = random.Random(seed)
         self.next_id = 0
@@ -120,6 +129,9 @@ class Driver:
     def add(self) -> None:
         rng = self.rng
         prompt = [self.token() for _ in range(rng.randrange(1, 60))]
+        if rng.random() < self.empty_prompt_fraction:  # a row that starts with no token at all
+            prompt = []
+            self.empty_prompts += 1
         outputs: list[int] = []
         if rng.random() < 0.15:  # a resumed (preempted) request arrives with outputs already
             outputs = [self.token() for _ in range(rng.randrange(1, 800))]
@@ -234,6 +246,175 @@ def test_randomized_batches_match_vllm_exactly(stand_aside: None, seed: int, pla
     assert widest > impl.INITIAL_WIDTH
     if plain_fraction == 0.0:
         assert prefix_steps > compared // 2
+
+
+def test_small_chunks_empty_rows_and_strided_logits_match_vllm_exactly(
+    stand_aside: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunks of one or two rows (each chunk's scatter must not disturb the next chunk's rows), rows that
+    start empty (their first token rebuilds them) and strided logits (a view of a wider tensor)."""
+    monkeypatch.setattr(impl, "CPU_CHUNK_SLOTS", 150)
+    vocab, max_rows, max_model_len = 1500, 16, 2048
+    batch = make_batch(max_rows, vocab, max_model_len)
+    proc = the_processor(batch)
+    driver = Driver(batch, vocab, seed=5, plain_fraction=0.1, empty_prompt_fraction=0.3)
+    gen = torch.Generator().manual_seed(5)
+    strided_steps = chunked_steps = 0
+    for step in range(120):
+        driver.reshape_batch()
+        driver.grow_outputs()
+        n = batch.num_reqs
+        if n == 0:
+            continue
+        wide = torch.randn(n, vocab + 9, generator=gen, dtype=torch.float32) * 4
+        wide[:, ::5] = 0.0
+        logits = wide[:, :vocab] if step % 2 else wide[:, :vocab].contiguous()
+        expected = vllm_reference(batch, logits.clone())
+        got = proc.apply(logits)
+        assert torch.equal(got, expected), f"step {step}: max diff {(got - expected).abs().max()}"
+        strided_steps += not logits.is_contiguous()
+        chunked_steps += proc._live_width > impl.CPU_CHUNK_SLOTS // 2  # chunks of one row
+    assert driver.empty_prompts > 5
+    assert strided_steps > 50
+    assert chunked_steps > 50
+
+
+def test_row_without_tokens_leaves_logits_alone_until_its_first_token(stand_aside: None) -> None:
+    """A penalised row with an empty prompt whose first outputs are still placeholders has nothing to
+    penalise: its logits stay as they are (its dead slots point at some column all the same)."""
+    vocab = 300
+    batch = make_batch(4, vocab, max_model_len=512)
+    proc = the_processor(batch)
+    penalised = SamplingParams(
+        temperature=0.0, repetition_penalty=1.7, frequency_penalty=0.3, presence_penalty=0.4
+    )
+    for req_id, prompt, params in (
+        ("empty", [], penalised),
+        ("full", [0, 5, 7, 7], penalised),
+        ("plain", [], SamplingParams(temperature=0.0)),
+    ):
+        batch.add_request(
+            CachedRequestState(
+                req_id=req_id,
+                prompt_token_ids=prompt,
+                mm_features=[],
+                sampling_params=params,
+                generator=None,
+                block_ids=([],),
+                num_computed_tokens=0,
+                output_token_ids=[],
+            )
+        )
+    batch.refresh_metadata()
+    empty_outputs, full_outputs = batch.req_output_token_ids[0], batch.req_output_token_ids[1]
+    assert empty_outputs is not None and full_outputs is not None
+    gen = torch.Generator().manual_seed(0)
+    for step in range(8):
+        if step < 4:
+            empty_outputs.append(-1)  # async scheduling: the token is not known yet
+        else:
+            empty_outputs[step - 4] = [0, 9, 0, 5][step - 4]  # filled in place, then more tokens
+            empty_outputs.append(-1)
+        full_outputs.append(step % 3)
+        logits = torch.randn(3, vocab, generator=gen) * 4
+        expected = vllm_reference(batch, logits)
+        got = proc.apply(logits.clone())
+        assert torch.equal(got, expected), f"step {step}"
+        if step < 4:
+            assert torch.equal(got[0], logits[0]), f"step {step}"
+    assert proc.rows[0].bound > 0
+
+
+def cuda_kernel_repetition_rule(
+    logits: torch.Tensor, prompt_mask: torch.Tensor, output_mask: torch.Tensor, penalties: torch.Tensor
+) -> None:
+    """What vLLM's CUDA kernel (`torch.ops._C.apply_repetition_penalties_`) does, on any device: a repeated
+    token's positive logit is divided by the penalty, any other repeated logit multiplied by it."""
+    penalty = penalties.unsqueeze(1)
+    penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
+    logits.copy_(torch.where(prompt_mask | output_mask, penalised, logits))
+
+
+def test_dividing_rule_matches_vllm_cuda_kernel(stand_aside: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA the processor divides like vLLM's kernel instead of multiplying by the reciprocal; the
+    arithmetic is checked here on CPU tensors (the processor's CUDA path differs only in chunking)."""
+    from vllm import _custom_ops
+
+    vocab, max_rows = 1500, 24
+    batch = make_batch(max_rows, vocab, max_model_len=2048)
+    proc = the_processor(batch)
+    driver = Driver(batch, vocab, seed=9)
+    gen = torch.Generator().manual_seed(9)
+    differs_from_reciprocal = 0
+    for step in range(80):
+        driver.reshape_batch()
+        driver.grow_outputs()
+        n = batch.num_reqs
+        if n == 0 or not proc.rows:
+            continue
+        logits = torch.randn(n, vocab, generator=gen, dtype=torch.float32) * 4
+        with monkeypatch.context() as patch:
+            patch.setattr(_custom_ops, "apply_repetition_penalties", cuda_kernel_repetition_rule)
+            expected = vllm_reference(batch, logits)
+        got = logits.clone()
+        if proc._active_dirty:
+            proc._refresh_active()
+        proc._take_new_tokens()
+        proc._penalise(got, divide=True)
+        assert torch.equal(got, expected), f"step {step}: max diff {(got - expected).abs().max()}"
+        differs_from_reciprocal += not torch.equal(expected, vllm_reference(batch, logits))
+    assert differs_from_reciprocal > 20  # the two rules really differ in the last bit now and then
+
+
+def test_logits_wider_than_the_vocab(stand_aside: None) -> None:
+    """Logits with more columns than the model's vocab (a padded head): the tokens' columns are found by
+    the logits' own row length and the extra columns stay untouched."""
+    vocab, max_rows = 1500, 16
+    batch = make_batch(max_rows, vocab, max_model_len=2048)
+    proc = the_processor(batch)
+    driver = Driver(batch, vocab, seed=13)
+    gen = torch.Generator().manual_seed(13)
+    for step in range(60):
+        driver.reshape_batch()
+        driver.grow_outputs()
+        n = batch.num_reqs
+        if n == 0:
+            continue
+        wide = torch.randn(n, vocab + 11, generator=gen, dtype=torch.float32) * 4
+        expected = vllm_reference(batch, wide[:, :vocab])
+        got = proc.apply(wide.clone())
+        assert torch.equal(got[:, :vocab], expected), f"step {step}"
+        assert torch.equal(got[:, vocab:], wide[:, vocab:]), f"step {step}"
+
+
+def test_overflowing_table_keeps_what_fits_and_touches_nothing_else(stand_aside: None) -> None:
+    """More distinct tokens than min(vocab, max_model_len) cannot happen in vLLM; should it happen, the
+    tokens that do not fit are dropped and no other logit changes (nothing lands out of bounds)."""
+    from vllm.v1.sample.logits_processor import BatchUpdate
+
+    vocab = 50
+    proc = impl.DevicePenaltiesProcessor(fake_vllm_config(2, vocab, max_model_len=4), CPU, False)
+    params = SamplingParams(repetition_penalty=1.5, frequency_penalty=0.5, presence_penalty=0.25)
+    outputs: list[int] = []
+    proc.update_state(BatchUpdate(batch_size=1, removed=[], added=[(0, params, [1, 2], outputs)], moved=[]))
+    gen = torch.Generator().manual_seed(0)
+    others = [column for column in range(vocab) if column not in (1, 2, 3, 4)]
+    for token in (3, 4, 5, 6, 4):
+        outputs.append(token)
+        logits = torch.randn(1, vocab, generator=gen) * 4
+        got = proc.apply(logits.clone())
+        assert torch.equal(got[:, others], logits[:, others]), f"after token {token}"
+    kept = [token for token in outputs if token in (3, 4)]
+    expected = apply_all_penalties(
+        logits.clone(),
+        torch.tensor([[1, 2]]),
+        torch.tensor([params.presence_penalty]),
+        torch.tensor([params.frequency_penalty]),
+        torch.tensor([params.repetition_penalty]),
+        [kept],
+    )
+    assert proc.width == 4
+    assert torch.equal(got, expected)
 
 
 def test_state_scales_with_distinct_tokens_not_vocab(stand_aside: None) -> None:
