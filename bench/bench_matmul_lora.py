@@ -13,6 +13,7 @@ import argparse
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +24,10 @@ from pydantic import BaseModel
 
 from deploykit.fixes.matmul_lora import add_lora_linear
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.benchmarks_doc import DOCS, write_section
+
+TITLE = "Matmul LoRA fix (`bench/bench_matmul_lora.py`)"
 FEATURES = 4096
 TOKENS = (1, 16, 256, 4096)
 RANKS = (16, 64)
@@ -31,9 +36,6 @@ ADAPTERS = (1, 4)
 VLLM_GATHER_LIMIT_BYTES = 3 * 2**30
 MIN_ROUNDS = 5
 MAX_ROUNDS = 30
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
-SECTION_START = "<!-- bench_matmul_lora:start -->"
-SECTION_END = "<!-- bench_matmul_lora:end -->"
 
 
 class Row(BaseModel):
@@ -161,9 +163,6 @@ def section(rows: list[Row], load: str) -> str:
 
     return "\n".join(
         [
-            SECTION_START,
-            "## Matmul LoRA fix (`bench/bench_matmul_lora.py`)",
-            "",
             f"Machine: {platform.machine()}, {torch.get_num_threads()} torch thread(s) (vLLM's CPU worker "
             f"binds one core), torch {torch.__version__}, vLLM {vllm.__version__} (CPU build); load "
             f"average {load} (other vLLM servers on the same 2 cores). FP32, in = out = {FEATURES}, "
@@ -178,21 +177,8 @@ def section(rows: list[Row], load: str) -> str:
             "`skipped`: vLLM's CPU path gathers a per-token FP32 copy of A and B "
             f"(T x rank x {FEATURES} x 4 B x 2), over {VLLM_GATHER_LIMIT_BYTES // 2**30} GiB here. "
             "See docs/fixes/matmul-lora.md for the GPU cost model.",
-            SECTION_END,
         ]
     )
-
-
-def write_docs(text: str) -> None:
-    current = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
-    if SECTION_START in current and SECTION_END in current:
-        head, rest = current.split(SECTION_START, 1)
-        tail = rest.split(SECTION_END, 1)[1]
-        updated = head + text + tail
-    else:
-        updated = current.rstrip("\n") + "\n\n" + text + "\n"
-    DOCS.parent.mkdir(parents=True, exist_ok=True)
-    DOCS.write_text(updated)
 
 
 def main() -> None:
@@ -229,7 +215,7 @@ def main() -> None:
     print(table(rows))
     if args.write_docs:
         load = f"{load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
-        write_docs(section(rows, load))
+        write_section(DOCS, "bench_matmul_lora", TITLE, section(rows, load))
         print(f"\nwrote the section to {DOCS}")
 
 

@@ -26,6 +26,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.benchmarks_doc import write_section  # noqa: E402
+
 VOCAB = 128_256
 PROMPT_LEN = 128
 BATCHES = (1, 8, 32, 128, 256)
@@ -146,21 +148,6 @@ def render(rows: list[dict[str, Any]], threads: int, rounds: int) -> str:
             f"(W={row['width']}) | {dense / 1024:.0f} KiB |"
         )
     return "\n".join(lines)
-
-
-def write_section(path: Path, section: str, title: str, body: str) -> None:
-    """Replace (or append) only our marked section; other people's sections stay untouched."""
-    start, end = f"<!-- {section}:start -->", f"<!-- {section}:end -->"
-    block = f"{start}\n## {title}\n\n{body}\n{end}"
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if start in text and end in text:
-        before, rest = text.split(start, 1)
-        _, after = rest.split(end, 1)
-        text = before + block + after
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
 
 
 def parse_case(text: str) -> tuple[int, int]:

@@ -22,7 +22,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.bench_penalties import write_section  # noqa: E402
+from bench.benchmarks_doc import write_section  # noqa: E402
 from deploykit.fixes import penalties  # noqa: E402
 from tests.vllm_harness import RunningServer, running_vllm, tiny_serve_args  # noqa: E402
 

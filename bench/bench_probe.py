@@ -23,10 +23,13 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench.benchmarks_doc import write_section  # noqa: E402
+
 BIN = Path(sys.executable).parent
 TARGET_S = 0.3
-SECTION_START = "<!-- bench_probe:start -->"
-SECTION_END = "<!-- bench_probe:end -->"
+TITLE = "`deploykit probe` / `plan` start-up (bench/bench_probe.py)"
 
 COMMANDS: dict[str, list[str]] = {
     "python -c pass (baseline)": [sys.executable, "-c", "pass"],
@@ -148,20 +151,6 @@ def report(samples: dict[str, list[tuple[float, float]]], reps: int) -> str:
     return "\n".join(lines)
 
 
-def write_section(path: Path, body: str) -> None:
-    """Replace this benchmark's own section of the shared file, or append it; other sections stay."""
-    title = "## `deploykit probe` / `plan` start-up (bench/bench_probe.py)"
-    section = f"{SECTION_START}\n{title}\n\n{body}\n{SECTION_END}\n"
-    text = path.read_text() if path.exists() else "# Benchmarks\n\n"
-    if SECTION_START in text and SECTION_END in text:
-        head, rest = text.split(SECTION_START, 1)
-        tail = rest.split(SECTION_END, 1)[1].removeprefix("\n")
-        text = head + section + tail
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--reps", type=int, default=15)
@@ -178,7 +167,7 @@ def main() -> None:
     body += "\n\n" + NOTES
     print(body)
     if args.write:
-        write_section(args.write, body)
+        write_section(args.write, "bench_probe", TITLE, body)
         print(f"\nwrote the section into {args.write}")
 
 

@@ -26,9 +26,10 @@ os.environ.setdefault("DEPLOYKIT_MODEL_CACHE", str(REPO / ".deploykit-cache" / "
 os.environ.update({"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1"})
 os.environ.pop("DEPLOYKIT_STORE", None)
 
+from bench.benchmarks_doc import write_section  # noqa: E402
+
 BIN = Path(sys.executable).parent
-SECTION_START = "<!-- bench_serve_overhead:start -->"
-SECTION_END = "<!-- bench_serve_overhead:end -->"
+TITLE = "`deploykit serve` overhead (bench/bench_serve_overhead.py)"
 
 
 def median_time(command: list[str], runs: int) -> float:
@@ -160,9 +161,10 @@ def main() -> None:
             pairs.append((base, ours))
 
     lines = report_lines(help_s, python_s, pieces, pairs)
+    print(f"## {TITLE}\n")
     print("\n".join(lines))
     if args.write:
-        write_section(args.write, lines)
+        write_section(args.write, "bench_serve_overhead", TITLE, "\n".join(lines))
         print(f"section written to {args.write}")
 
 
@@ -174,8 +176,6 @@ def report_lines(
 ) -> list[str]:
     load = os.getloadavg()[0]
     lines = [
-        "## `deploykit serve` overhead (bench/bench_serve_overhead.py)",
-        "",
         "deploykit's own time from command to verdict, beyond vLLM's start-up, the smoke requests and vLLM's",
         "stop: `deploykit serve --profile demo-cpu --check` against a baseline that starts the same argv",
         "directly, polls `/health` and sends the same requests. Target: under 1 s.",
@@ -212,19 +212,6 @@ def report_lines(
         "imports (`deploykit --help` above), which every deploykit command pays.",
     ]
     return lines
-
-
-def write_section(path: Path, lines: list[str]) -> None:
-    """Replace this benchmark's own section (between its markers) or append it; other sections stay."""
-    block = "\n".join([SECTION_START, *lines, SECTION_END])
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if SECTION_START in text and SECTION_END in text:
-        before = text[: text.index(SECTION_START)]
-        after = text[text.index(SECTION_END) + len(SECTION_END) :]
-        text = before + block + after
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    path.write_text(text)
 
 
 if __name__ == "__main__":
