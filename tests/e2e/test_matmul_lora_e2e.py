@@ -11,35 +11,35 @@ References not served (adapter beta merged, the bare base model) come from trans
 
 from __future__ import annotations
 
-import json
+import itertools
 import math
 import random
-import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
 
+from tests.e2e.batch_gate import GATE_KEY
 from tests.e2e.lora_models import AdapterRecipe, build_adapter, build_merged_model
-from tests.vllm_harness import RunningServer, running_vllm, tiny_serve_args
+from tests.vllm_harness import REPO, RunningServer, running_vllm, tiny_serve_args
 
 pytestmark = pytest.mark.e2e
 
 RANK = 8
 MAX_TOKENS = 16
 ADAPTER_TOKENS = 48  # how much of each adapter's output is compared with its reference
-# The adapter requests ask for all the room the context has left, so they are still decoding when the base
-# request ends whatever the machine's load, and hang up once it has (the server then aborts them). Asking
-# for 48, then 600, was not enough: on busy CI runs both adapters finished before the base request was
-# scheduled, and the stock server then answered it correctly. A run that still did not mix is retried.
 MAX_MODEL_LEN = 1024  # the tiny model's max_position_embeddings
-MIXED_BATCH_ATTEMPTS = 3
 LOGPROB_TOLERANCE = 1e-3  # FP32 end to end: LoRA-on-the-fly vs merged weights differ by rounding only
 ALPHA = AdapterRecipe(seed=1, rank=RANK, std=0.5)
 BETA = AdapterRecipe(seed=2, rank=RANK, std=0.5)
 CPU_TARGET = "vllm.lora.punica_wrapper.punica_cpu.PunicaWrapperCPU.add_lora_linear"
+# The LoRA servers schedule with the test-only GatedScheduler, so a mixed batch is a fact of scheduling.
+GATED_SCHEDULER = ["--scheduler-cls", "tests.e2e.batch_gate.GatedScheduler"]
+GATED_ENV = {"PYTHONPATH": str(REPO)}
+_batch_numbers = itertools.count()
 
 
 class Generation(BaseModel):
@@ -66,7 +66,9 @@ SHORT_PROMPT = prompt_ids(12, seed=6)
 BATCH_PROMPT = prompt_ids(40, seed=7)
 
 
-def request_body(model: str, prompt: list[int], max_tokens: int, stream: bool = False) -> dict[str, object]:
+def request_body(
+    model: str, prompt: list[int], max_tokens: int, xargs: dict[str, str] | None = None
+) -> dict[str, object]:
     return {
         "model": model,
         "prompt": prompt,
@@ -75,59 +77,22 @@ def request_body(model: str, prompt: list[int], max_tokens: int, stream: bool = 
         "ignore_eos": True,
         "logprobs": 1,
         "return_token_ids": True,
-        "stream": stream,
+        **({"vllm_xargs": xargs} if xargs else {}),
     }
 
 
 def generate(
-    server: RunningServer, model: str, prompt: list[int], max_tokens: int = MAX_TOKENS
-) -> Generation:
-    with server.client() as client:
-        response = client.post("/v1/completions", json=request_body(model, prompt, max_tokens))
-    response.raise_for_status()
-    choice = response.json()["choices"][0]
-    return Generation(token_ids=choice["token_ids"], logprobs=choice["logprobs"]["token_logprobs"])
-
-
-class StreamedGeneration(BaseModel):
-    generation: Generation
-    outlived_base: bool  # still decoding when the base request returned
-
-
-def stream_generate(
     server: RunningServer,
     model: str,
     prompt: list[int],
-    first_token: threading.Event,
-    base_done: threading.Event,
-) -> StreamedGeneration:
-    """Stream a completion as long as the context allows, and hang up once the base request is done.
-
-    `first_token` is set once this request decodes, i.e. once it sits in the running batch.
-    """
-    ids: list[int] = []
-    logprobs: list[float] = []
-    max_tokens = MAX_MODEL_LEN - len(prompt)
-    with (
-        server.client() as client,
-        client.stream(
-            "POST", "/v1/completions", json=request_body(model, prompt, max_tokens, True)
-        ) as response,
-    ):
-        response.raise_for_status()
-        for line in response.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            for choice in json.loads(line[len("data: ") :]).get("choices", []):
-                ids += choice.get("token_ids") or []
-                logprobs += (choice.get("logprobs") or {}).get("token_logprobs") or []
-            if ids:
-                first_token.set()
-            if base_done.is_set() and len(ids) >= ADAPTER_TOKENS:
-                return StreamedGeneration(
-                    generation=Generation(token_ids=ids, logprobs=logprobs), outlived_base=True
-                )
-    return StreamedGeneration(generation=Generation(token_ids=ids, logprobs=logprobs), outlived_base=False)
+    max_tokens: int = MAX_TOKENS,
+    xargs: dict[str, str] | None = None,
+) -> Generation:
+    with server.client() as client:
+        response = client.post("/v1/completions", json=request_body(model, prompt, max_tokens, xargs))
+    response.raise_for_status()
+    choice = response.json()["choices"][0]
+    return Generation(token_ids=choice["token_ids"], logprobs=choice["logprobs"]["token_logprobs"])
 
 
 class MixedBatch(BaseModel):
@@ -136,55 +101,22 @@ class MixedBatch(BaseModel):
     base: Generation
 
 
-def try_mixed_batch(server: RunningServer, prompt: list[int]) -> MixedBatch | None:
-    """Adapters alpha and beta decode while a base-model request runs from prefill to its last token.
-
-    The base request starts only once both adapters decode; None when an adapter stream ran out before
-    the base request returned, i.e. when the base request may have had steps without both adapters.
-    """
-    results: dict[str, StreamedGeneration] = {}
-    errors: list[BaseException] = []
-    started = {name: threading.Event() for name in ("alpha", "beta")}
-    base_done = threading.Event()
-
-    def run(name: str) -> None:
-        try:
-            results[name] = stream_generate(server, name, prompt, started[name], base_done)
-        except BaseException as exc:  # surfaced below, in the test's thread
-            errors.append(exc)
-            started[name].set()
-
-    threads = [threading.Thread(target=run, args=(name,)) for name in started]
-    for thread in threads:
-        thread.start()
-    try:
-        for event in started.values():
-            assert event.wait(120), "an adapter request never started decoding"
-        base = generate(server, "tiny", prompt)
-    finally:
-        base_done.set()
-        for thread in threads:
-            thread.join(300)
-    if errors:
-        raise errors[0]
-    if not all(result.outlived_base for result in results.values()):
-        return None
-    alpha, beta = (
-        Generation(token_ids=g.token_ids[:ADAPTER_TOKENS], logprobs=g.logprobs[:ADAPTER_TOKENS])
-        for g in (results["alpha"].generation, results["beta"].generation)
-    )
-    return MixedBatch(alpha=alpha, beta=beta, base=base)
-
-
 def run_mixed_batch(server: RunningServer, prompt: list[int]) -> MixedBatch:
-    for _ in range(MIXED_BATCH_ATTEMPTS):
-        batch = try_mixed_batch(server, prompt)
-        if batch is not None:
-            return batch
-    raise AssertionError(
-        f"in {MIXED_BATCH_ATTEMPTS} tries an adapter request always ended before the base request did:"
-        " the batch did not mix"
-    )
+    """Adapters alpha and beta and the base model, prefilled in one step and decoded side by side.
+
+    The server's GatedScheduler (tests/e2e/batch_gate.py) holds the three requests until all have arrived,
+    so they share every step from prefill until the base request's last token (the adapters ask for more
+    tokens than the base): the batch mixes by construction, whatever order the threads send in.
+    """
+    group = f"mixed-{next(_batch_numbers)}:3"
+    budgets = {"alpha": ADAPTER_TOKENS, "beta": ADAPTER_TOKENS, "tiny": MAX_TOKENS}
+    with ThreadPoolExecutor(max_workers=len(budgets)) as pool:
+        futures = {
+            model: pool.submit(generate, server, model, prompt, max_tokens, {GATE_KEY: group})
+            for model, max_tokens in budgets.items()
+        }
+        results = {model: future.result(timeout=300) for model, future in futures.items()}
+    return MixedBatch(alpha=results["alpha"], beta=results["beta"], base=results["tiny"])
 
 
 def assert_same_generation(got: Generation, reference: Generation, what: str) -> None:
@@ -236,6 +168,7 @@ def lora_serve_args(artifacts: LoraArtifacts) -> list[str]:
         "--lora-modules",
         f"alpha={artifacts.alpha_adapter}",
         f"beta={artifacts.beta_adapter}",
+        *GATED_SCHEDULER,
     ]
 
 
@@ -249,7 +182,9 @@ def warmed_up(server: RunningServer) -> Iterator[RunningServer]:
 @pytest.fixture(scope="module")
 def fixed_server(artifacts: LoraArtifacts) -> Iterator[RunningServer]:
     with (
-        running_vllm(lora_serve_args(artifacts), env={"DEPLOYKIT_FIXES": "matmul_lora"}) as server,
+        running_vllm(
+            lora_serve_args(artifacts), env={**GATED_ENV, "DEPLOYKIT_FIXES": "matmul_lora"}
+        ) as server,
         warmed_up(server),
     ):
         yield server
@@ -257,7 +192,7 @@ def fixed_server(artifacts: LoraArtifacts) -> Iterator[RunningServer]:
 
 @pytest.fixture(scope="module")
 def stock_server(artifacts: LoraArtifacts) -> Iterator[RunningServer]:
-    with running_vllm(lora_serve_args(artifacts)) as server, warmed_up(server):
+    with running_vllm(lora_serve_args(artifacts), env=GATED_ENV) as server, warmed_up(server):
         yield server
 
 
