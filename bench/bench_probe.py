@@ -37,13 +37,13 @@ COMMANDS: dict[str, list[str]] = {
     "read_probe_document() (the JSON path, no CLI)": [
         sys.executable,
         "-c",
-        "import sys; from deploykit.nvml_reader import document_json, read_probe_document; "
+        "import sys; from deploykit.probe.nvml_reader import document_json, read_probe_document; "
         "sys.stdout.write(document_json(read_probe_document()))",
     ],
     "probe() (validated ProbeFacts, no CLI)": [
         sys.executable,
         "-c",
-        "import sys; from deploykit.probe import probe; sys.stdout.write(probe().model_dump_json())",
+        "import sys; from deploykit.probe.load import probe; sys.stdout.write(probe().model_dump_json())",
     ],
     "deploykit probe --format json": [str(BIN / "deploykit"), "probe", "--format", "json"],
     "deploykit probe (table)": [str(BIN / "deploykit"), "probe"],
@@ -68,7 +68,7 @@ NOTES = """Where the time goes (python -X importtime and cProfile of `deploykit 
 - pydantic: importing it and building the first model costs ~0.25 s here, half of it in imports
   pydantic makes lazily at the first model and in its plugin loader (`importlib.metadata` plus a scan
   of the entry points of every installed distribution, 173 in this venv). The JSON path therefore
-  builds the document with plain dicts (`deploykit.nvml_reader`) and prints it with `json`; tests hold
+  builds the document with plain dicts (`deploykit.probe.nvml_reader`) and prints it with `json`; tests hold
   it to the bytes `ProbeFacts.model_dump_json(indent=2)` writes for every GPU fixture and NVML failure
   (tests/test_nvml_reader.py) and check that the command imports neither pydantic, importlib.metadata
   nor rich (tests/test_cli_imports.py). The table for people still validates with pydantic.

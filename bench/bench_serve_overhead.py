@@ -42,10 +42,10 @@ def median_time(command: list[str], runs: int) -> float:
 
 
 def in_process_pieces(runs: int, store_dir: Path) -> dict[str, float]:
-    from deploykit.facts import ProbeFacts
     from deploykit.plan import make_plan
-    from deploykit.probe import probe
-    from deploykit.profile import load_profile
+    from deploykit.probe.facts import ProbeFacts
+    from deploykit.probe.load import probe
+    from deploykit.profile.load import load_profile
     from deploykit.store import ResultRecord, open_store
 
     pieces: dict[str, list[float]] = {"probe": [], "load + plan": [], "open store + add row": []}
@@ -68,11 +68,11 @@ def baseline(port: int, log_dir: Path) -> dict[str, float]:
     """vLLM with the same argv and the same requests, driven by the fewest lines possible."""
     import httpx
 
-    from deploykit.launch import start_server
     from deploykit.plan import make_plan
-    from deploykit.probe import probe
-    from deploykit.profile import load_profile
-    from deploykit.serve import child_environment, resolve_executable, with_port
+    from deploykit.probe.load import probe
+    from deploykit.profile.load import load_profile
+    from deploykit.serve.helpers import child_environment, resolve_executable, with_port
+    from deploykit.serve.launch import start_server
     from deploykit.smoke import derive_cases, smoke_requests
 
     loaded = load_profile("demo-cpu")
@@ -139,7 +139,7 @@ def main() -> None:
     parser.add_argument("--write", type=Path, help="write the section into this file (docs/benchmarks.md)")
     args = parser.parse_args()
 
-    from deploykit.launch import free_port
+    from deploykit.serve.launch import free_port
     from deploykit.tinymodel import build_tiny_model
 
     build_tiny_model()  # cached; building is a first-use cost, not overhead

@@ -9,12 +9,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from deploykit.facts import GpuFacts, ProbeFacts
-from deploykit.fixes import FIX_NAMES, load_fix
-from deploykit.fixes.base import Decision, DecisionInputs, FixDecision, FixMode
+from deploykit.fixes import FIX_NAMES as FIX_NAMES  # `--fix NAME=...` checks names against these
+from deploykit.fixes import load_fix
+from deploykit.fixes.base import Decision, DecisionInputs, FixDecision
 from deploykit.fixes.penalties import effective_runner
 from deploykit.plugin import ENV_VAR as FIXES_ENV_VAR
-from deploykit.profile import BUILTIN_PREFIX, LoadedProfile, Profile, SecretRef
+from deploykit.probe.facts import GpuFacts, ProbeFacts
+from deploykit.profile.schema import BUILTIN_PREFIX, FixMode, LoadedProfile, Profile, SecretRef
 from deploykit.vllm_compat import is_cpu_build
 
 # Flags the typed settings own; setting them again in extra_args would be ambiguous.

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
-    from deploykit.profile import Profile, SmokeCase, SmokeKind
+    from deploykit.profile.schema import Profile, SmokeCase, SmokeKind
 
 FIRST_IDS_KEPT = 32
 LORA_LONG_MIN_PROMPT_TOKENS = 400
@@ -105,7 +105,7 @@ class Exchange:
 
 def derive_cases(profile: Profile) -> list[SmokeCase]:
     """The profile's own cases, or the ones its settings call for."""
-    from deploykit.profile import SmokeCase
+    from deploykit.profile.schema import SmokeCase
 
     if profile.smoke.cases is not None:
         return list(profile.smoke.cases)

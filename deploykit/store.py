@@ -8,7 +8,6 @@ store at once cannot both migrate it.
 
 from __future__ import annotations
 
-import os
 import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -20,9 +19,10 @@ from typing import Any, Literal
 import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict, Field
 
+from deploykit.paths import STORE_ENV_VAR as STORE_ENV_VAR
+from deploykit.paths import default_store_url as default_store_url
 from deploykit.smoke import CaseResult
 
-STORE_ENV_VAR = "DEPLOYKIT_STORE"
 # Any constant works; it names "deploykit migrations" among the database's advisory locks.
 _PG_MIGRATION_LOCK = 0x6465706C6F79
 
@@ -59,16 +59,6 @@ class ResultRecord(BaseModel):
 
 class StoreError(RuntimeError):
     pass
-
-
-def default_store_url() -> str:
-    """DEPLOYKIT_STORE when set, else SQLite in the user's data directory."""
-    configured = os.environ.get(STORE_ENV_VAR)
-    if configured:
-        return configured
-    from platformdirs import user_data_dir
-
-    return f"sqlite:///{Path(user_data_dir('deploykit')) / 'results.sqlite'}"
 
 
 def normalise_url(url: str) -> str:

@@ -15,6 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from deploykit.paths import default_cache_dir as default_cache_dir
+
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "<|{{ message['role'] }}|>{{ message['content'] }}<|end|>"
@@ -55,15 +57,6 @@ class TinyModelRecipe(BaseModel):
 
     def key(self) -> str:
         return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:16]
-
-
-def default_cache_dir() -> Path:
-    env = os.environ.get("DEPLOYKIT_MODEL_CACHE")
-    if env:
-        return Path(env)
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir("deploykit")) / "models"
 
 
 def train_tokenizer(vocab_size: int) -> Any:

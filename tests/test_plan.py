@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from deploykit.facts import ProbeFacts
-from deploykit.fixes.base import Decision, FixMode
+from deploykit.fixes.base import Decision
 from deploykit.plan import Plan, make_plan, validate_plan
-from deploykit.profile import LoadedProfile, load_profile, parse_profile
+from deploykit.probe.facts import ProbeFacts
+from deploykit.profile.load import load_profile, parse_profile
+from deploykit.profile.schema import FixMode, LoadedProfile
 
 REPO = Path(__file__).resolve().parents[1]
 FACTS_DIR = REPO / "tests" / "fixtures" / "facts"

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from deploykit.profile import Profile, SmokeCase, load_profile
+from deploykit.profile.load import load_profile
+from deploykit.profile.schema import Profile, SmokeCase
 from deploykit.smoke import (
     FIRST_IDS_KEPT,
     LORA_LONG_MIN_PROMPT_TOKENS,

@@ -6,13 +6,8 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from deploykit.facts import GpuFacts
-
-
-class FixMode(StrEnum):
-    AUTO = "auto"
-    ON = "on"
-    OFF = "off"
+from deploykit.probe.facts import GpuFacts
+from deploykit.profile.schema import FixMode as FixMode  # the modes a profile sets; defined with the schema
 
 
 class Decision(StrEnum):

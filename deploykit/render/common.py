@@ -7,19 +7,20 @@ never rebuilt. Nothing here imports torch or vLLM.
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
+from deploykit.paths import installed_template_dir
+from deploykit.paths import template_dirs as template_dirs
+
 if TYPE_CHECKING:
     import jinja2
 
-    from deploykit.facts import ProbeFacts
-    from deploykit.fixes.base import FixMode
     from deploykit.plan import Plan
-    from deploykit.profile import LoadedProfile
+    from deploykit.probe.facts import ProbeFacts
+    from deploykit.profile.schema import FixMode, LoadedProfile
 
 
 class RenderError(Exception):
@@ -41,20 +42,12 @@ class RenderResult(BaseModel):
     warnings: list[str] = []
 
 
-def template_dirs(package_dir: Path | None = None, prefix: Path | None = None) -> list[Path]:
-    """Where templates live: the repo (editable install), then <prefix>/share/deploykit (wheel)."""
-    package = package_dir or Path(__file__).resolve().parent.parent
-    installed = (prefix or Path(sys.prefix)) / "share" / "deploykit" / "templates"
-    candidates = [package.parent / "templates", installed]
-    return [c for c in candidates if (c / "systemd").is_dir() and (c / "helm").is_dir()]
-
-
 def template_root() -> Path:
     found = template_dirs()
     if not found:
         raise RenderError(
             "deploykit's templates are missing: looked for templates/ next to the package and in "
-            f"{Path(sys.prefix) / 'share' / 'deploykit' / 'templates'}; reinstall deploykit"
+            f"{installed_template_dir()}; reinstall deploykit"
         )
     return found[0]
 

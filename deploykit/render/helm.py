@@ -26,7 +26,7 @@ from deploykit.render.common import (
 
 if TYPE_CHECKING:
     from deploykit.plan import Plan
-    from deploykit.profile import LoadedProfile
+    from deploykit.profile.schema import LoadedProfile
 
 CHART_VERSION = "0.1.0"
 GPU_RESOURCE = "nvidia.com/gpu"

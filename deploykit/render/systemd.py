@@ -23,7 +23,7 @@ from deploykit.render.common import (
 
 if TYPE_CHECKING:
     from deploykit.plan import Plan
-    from deploykit.profile import LoadedProfile
+    from deploykit.profile.schema import LoadedProfile
 
 # Words systemd takes literally: no quotes, no escapes, no `$` expansion, no `%` specifiers.
 _PLAIN_WORD = re.compile(r"^[A-Za-z0-9_@+,./:=-]+$")

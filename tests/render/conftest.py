@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from deploykit.facts import GpuFacts, ProbeFacts
+from deploykit.probe.facts import GpuFacts, ProbeFacts
 from tests.profile_variants import profile_variant
 
 
@@ -61,7 +61,7 @@ def make_profile(tmp_path: Path) -> Callable[[str, dict[str, Any]], Path]:
 
 def deploykit(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
-        [sys.executable, "-m", "deploykit.cli", *args], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "deploykit", *args], capture_output=True, text=True, timeout=120
     )
     if check and result.returncode != 0:
         raise AssertionError(f"deploykit {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")

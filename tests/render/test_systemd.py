@@ -313,7 +313,7 @@ def test_a_planted_secret_never_reaches_a_rendered_file(turing_facts: Path, tmp_
         [
             sys.executable,
             "-m",
-            "deploykit.cli",
+            "deploykit",
             "render",
             "systemd",
             "-p",

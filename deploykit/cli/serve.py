@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from deploykit.commands.options import FixOption, FormatOption, ProfileOption, TableOrJson
+from deploykit.cli.options import FixOption, FormatOption, ProfileOption, TableOrJson
 
 if TYPE_CHECKING:
     from deploykit.store import ResultRecord
@@ -44,8 +44,8 @@ def serve(
     ] = None,
 ) -> None:
     """Start vLLM for a profile, smoke it with token ids, store the result; then keep serving (or --check)."""
-    from deploykit.cli import parse_fix_overrides
-    from deploykit.serve import ServeOptions, run_serve
+    from deploykit.cli.options import parse_fix_overrides
+    from deploykit.serve.attempt import ServeOptions, run_serve
 
     options = ServeOptions(
         profile=profile,
@@ -78,7 +78,7 @@ def smoke(
     no_store: Annotated[bool, typer.Option("--no-store", help="Do not record this attempt.")] = False,
 ) -> None:
     """Run the smoke cases against a server that is already running (local or remote)."""
-    from deploykit.serve import SmokeOptions, run_remote_smoke
+    from deploykit.serve.remote_smoke import SmokeOptions, run_remote_smoke
 
     if profile is None and model is None:
         typer.echo("deploykit smoke: give --profile P or --model NAME", err=True)

@@ -8,8 +8,8 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from deploykit.facts import SCHEMA_VERSION, ProbeFacts
-from deploykit.probe import ProbeError, load_facts, probe
+from deploykit.probe.facts import SCHEMA_VERSION, ProbeFacts
+from deploykit.probe.load import ProbeError, load_facts, probe
 from tests.fakes.fake_nvml import READ_ONLY_CALLS, FakeNvml, gpu_fixture_keys, load_gpu_fixture
 from tests.fixtures.regenerate_facts import FACTS_DIR, facts_files
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from deploykit.commands.options import FactsOption, FixOption, ProfileOption
+from deploykit.cli.options import FactsOption, FixOption, ProfileOption
 
 if TYPE_CHECKING:
     from deploykit.render.common import RenderResult
@@ -50,7 +50,7 @@ def render_systemd(
     """A hardened service unit, a smoke companion, a secrets file template and a sysusers entry."""
     import sys
 
-    from deploykit.cli import fail, gather_facts, open_profile, parse_fix_overrides
+    from deploykit.cli.options import fail, gather_facts, open_profile, parse_fix_overrides
     from deploykit.render.common import RenderError, plan_for_render
     from deploykit.render.systemd import SystemdOptions
     from deploykit.render.systemd import render_systemd as render
@@ -73,7 +73,7 @@ def render_helm(
     fix: FixOption = None,
 ) -> None:
     """A Helm chart (apiVersion v2): Deployment, Service, profile ConfigMap and a smoke test hook."""
-    from deploykit.cli import fail, gather_facts, open_profile, parse_fix_overrides
+    from deploykit.cli.options import fail, gather_facts, open_profile, parse_fix_overrides
     from deploykit.render.common import RenderError, plan_for_render
     from deploykit.render.helm import render_helm as render
 

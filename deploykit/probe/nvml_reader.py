@@ -2,7 +2,7 @@
 the plain JSON document of the probe contract.
 
 No pydantic here: importing it and building the models costs ~0.25 s on this machine, most of
-`deploykit probe --format json`'s 0.3 s budget. `deploykit.facts` defines the same document as
+`deploykit probe --format json`'s 0.3 s budget. `deploykit.probe.facts` defines the same document as
 pydantic models, and tests check that every document this module writes is exactly what those
 models validate and serialise.
 """
@@ -15,8 +15,8 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from deploykit.gpu_table import bf16_native, family_from_nvml, fp8_native, is_hopper
 from deploykit.installed import installed_version
+from deploykit.probe.gpu_table import bf16_native, family_from_nvml, fp8_native, is_hopper
 
 FACTS_SCHEMA_VERSION = 1
 
@@ -151,7 +151,7 @@ def read_probe_document(
     """Probe every GPU. Never raises for NVML trouble: the document's `error` says what went wrong.
 
     `nvml` is the pynvml module (tests pass a fake); `package_version` reads installed versions.
-    Keys are in the order of `deploykit.facts.ProbeFacts`, so the JSON reads the same either way.
+    Keys are in the order of `deploykit.probe.facts.ProbeFacts`, so the JSON reads the same either way.
     """
     gpus: list[dict[str, Any]] = []
     document: dict[str, Any] = {

@@ -13,8 +13,8 @@ import pynvml
 import pytest
 from typer.testing import CliRunner
 
-import deploykit.nvml_reader
-import deploykit.probe
+import deploykit.probe.load
+import deploykit.probe.nvml_reader
 from deploykit.cli import app
 from tests.fakes.fake_nvml import FakeNvml, load_gpu_fixture
 
@@ -95,7 +95,7 @@ def test_probe_save_writes_the_json_it_prints(tmp_path: Path) -> None:
 
     assert result.returncode == 3
     assert json.loads(saved.read_text()) == json.loads(result.stdout)
-    loaded = deploykit.probe.load_facts(str(saved))
+    loaded = deploykit.probe.load.load_facts(str(saved))
     assert loaded.gpus == [] and loaded.error == json.loads(result.stdout)["error"]
 
 
@@ -113,7 +113,7 @@ def test_probe_help_is_clear() -> None:
 @pytest.fixture
 def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
     fake = FakeNvml.from_fixture(load_gpu_fixture("h100"), count=2)
-    monkeypatch.setattr(deploykit.nvml_reader, "_nvml_module", lambda: fake)
+    monkeypatch.setattr(deploykit.probe.nvml_reader, "_nvml_module", lambda: fake)
     return fake
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from deploykit.nvml_reader import FACTS_SCHEMA_VERSION as SCHEMA_VERSION
+from deploykit.probe.nvml_reader import FACTS_SCHEMA_VERSION as SCHEMA_VERSION
 
 
 class GpuFacts(BaseModel):

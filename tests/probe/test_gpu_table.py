@@ -5,7 +5,7 @@ from __future__ import annotations
 import pynvml
 import pytest
 
-from deploykit.gpu_table import (
+from deploykit.probe.gpu_table import (
     KNOWN_FAMILIES,
     NVML_ARCH_NAMES,
     bf16_native,

@@ -8,10 +8,10 @@ from rich.console import Console
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from deploykit.facts import ProbeFacts
-    from deploykit.fix_status import FixRow
+    from deploykit.fixes.status import FixRow
     from deploykit.plan import Plan
-    from deploykit.profile_list import ProfileRow
+    from deploykit.probe.facts import ProbeFacts
+    from deploykit.profile.catalog import ProfileRow
 
 console = Console()
 

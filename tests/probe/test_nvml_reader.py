@@ -1,7 +1,7 @@
 """The pydantic-free probe document is exactly the `ProbeFacts` contract, byte for byte.
 
 `deploykit probe --format json` prints `document_json(read_probe_document())` without importing
-pydantic; every other reader validates the same document with `deploykit.facts`. Here both are
+pydantic; every other reader validates the same document with `deploykit.probe.facts`. Here both are
 held to the same bytes for every GPU model fixture and every way NVML fails.
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 import pynvml
 import pytest
 
-from deploykit.facts import ProbeFacts
-from deploykit.nvml_reader import document_json, read_probe_document
+from deploykit.probe.facts import ProbeFacts
+from deploykit.probe.nvml_reader import document_json, read_probe_document
 from tests.fakes.fake_nvml import FakeNvml, gpu_fixture_keys, load_gpu_fixture
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from deploykit.launch import LaunchError, free_port, port_in_use, start_server
+from deploykit.serve.launch import LaunchError, free_port, port_in_use, start_server
 
 
 def _alive(pid: int) -> bool:
@@ -46,7 +46,7 @@ def test_child_dies_when_deploykit_is_killed(tmp_path: Path) -> None:
         f"""
         import os, sys, time
         from pathlib import Path
-        from deploykit.launch import start_server
+        from deploykit.serve.launch import start_server
         server = start_server([sys.executable, "-c", "import time; time.sleep(300)"], os.environ,
                               log_path=Path({str(tmp_path / "log")!r}), host="127.0.0.1", port=1)
         Path({str(pid_file)!r}).write_text(str(server.pid))

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from deploykit.facts import ProbeFacts
 from deploykit.installed import installed_version
-from deploykit.nvml_reader import read_probe_document
+from deploykit.probe.facts import ProbeFacts
+from deploykit.probe.nvml_reader import read_probe_document
 
 
 class ProbeError(Exception):

@@ -6,16 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from deploykit.profile import (
-    ProfileError,
-    SecretRef,
-    list_profile_paths,
-    load_profile,
-    parse_profile,
-    resolve_profile_path,
-)
+from deploykit.profile.load import list_profile_paths, load_profile, parse_profile, resolve_profile_path
+from deploykit.profile.schema import ProfileError, SecretRef
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MINIMAL = "name: ok\nmodel:\n  source: /models/x\n"
 
 

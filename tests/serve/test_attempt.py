@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from deploykit.facts import ProbeFacts
 from deploykit.plan import Plan, make_plan
-from deploykit.profile import LoadedProfile, parse_profile
-from deploykit.serve import (
+from deploykit.probe.facts import ProbeFacts
+from deploykit.profile.load import parse_profile
+from deploykit.profile.schema import LoadedProfile
+from deploykit.serve.console import LogFollower
+from deploykit.serve.helpers import (
     REDACTED,
-    LogFollower,
     ServeFailure,
-    SignalGate,
     argv_value,
     child_environment,
     client_host,
@@ -26,6 +26,7 @@ from deploykit.serve import (
     secret_values,
     with_port,
 )
+from deploykit.serve.signals import SignalGate
 from deploykit.store import ResultRecord
 
 PROFILE = """
@@ -125,7 +126,7 @@ def test_exit_codes() -> None:
 
 
 def test_signal_gate_raises_once_then_only_remembers() -> None:
-    from deploykit.serve import Interrupted
+    from deploykit.serve.signals import Interrupted
 
     gate = SignalGate()
     with pytest.raises(Interrupted):

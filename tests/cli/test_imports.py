@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DEPLOYKIT = Path(sys.executable).with_name("deploykit")
 FACTS = REPO / "tests" / "fixtures" / "facts"
 HEAVY = {"torch", "vllm", "transformers", "triton", "tokenizers"}
@@ -52,8 +52,8 @@ def test_the_import_list_sees_what_a_process_imports() -> None:
 @pytest.mark.parametrize(
     ("argv", "ran"),
     [
-        (["probe"], "deploykit.nvml_reader"),
-        (["probe", "--format", "json"], "deploykit.nvml_reader"),
+        (["probe"], "deploykit.probe.nvml_reader"),
+        (["probe", "--format", "json"], "deploykit.probe.nvml_reader"),
         (["plan", "--profile", "demo-cpu", "--no-validate"], "deploykit.plan"),
         (
             [
@@ -68,7 +68,7 @@ def test_the_import_list_sees_what_a_process_imports() -> None:
             ],
             "deploykit.plan",
         ),
-        (["profiles", "list", "--facts", str(FACTS / "t4.json")], "deploykit.profile_list"),
+        (["profiles", "list", "--facts", str(FACTS / "t4.json")], "deploykit.profile.catalog"),
     ],
     ids=["probe", "probe-json", "plan-demo-cpu", "plan-h100-facts", "profiles-list-t4-facts"],
 )
@@ -88,7 +88,7 @@ NOT_FOR_PROBE_JSON = {"pydantic", "importlib.metadata", "rich"}
 def test_probe_json_does_without_pydantic_importlib_metadata_and_rich() -> None:
     modules, result = imported_modules([str(DEPLOYKIT), "probe", "--format", "json"])
 
-    assert "deploykit.nvml_reader" in modules and '"schema_version": 1' in result.stdout
+    assert "deploykit.probe.nvml_reader" in modules and '"schema_version": 1' in result.stdout
     assert modules & NOT_FOR_PROBE_JSON == set()
 
 

@@ -7,8 +7,9 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from deploykit.facts import ProbeFacts
-from deploykit.profile import ProfileError, list_profile_paths, load_profile
+from deploykit.probe.facts import ProbeFacts
+from deploykit.profile.load import list_profile_paths, load_profile
+from deploykit.profile.schema import ProfileError
 
 
 class ProfileRow(BaseModel):

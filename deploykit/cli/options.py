@@ -1,0 +1,83 @@
+"""Options, formats and helpers shared by several commands, defined once so they read the same everywhere.
+
+Nothing heavy at import: each helper imports what it needs when it runs."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, NoReturn
+
+import typer
+
+if TYPE_CHECKING:
+    from deploykit.probe.facts import ProbeFacts
+    from deploykit.profile.schema import FixMode, LoadedProfile
+
+EXIT_USAGE = 2
+EXIT_NO_GPU = 3
+
+
+class TableOrJson(StrEnum):
+    table = "table"
+    json = "json"
+
+
+FormatOption = Annotated[
+    TableOrJson, typer.Option("--format", "-f", help="table for people, json for machines")
+]
+ProfileOption = Annotated[
+    str,
+    typer.Option("--profile", "-p", help="A profile file, or the bare name of a shipped/user profile."),
+]
+FactsOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--facts", help="Use a saved `deploykit probe --save FILE` instead of probing this machine."
+    ),
+]
+FixOption = Annotated[
+    list[str] | None,
+    typer.Option("--fix", help="Override a fix: NAME=on|off|auto (repeatable)."),
+]
+
+
+def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
+    typer.echo(f"deploykit: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def gather_facts(facts_file: Path | None) -> ProbeFacts:
+    from deploykit.probe.load import ProbeError, load_facts, probe
+
+    if facts_file is None:
+        return probe()
+    try:
+        return load_facts(str(facts_file))
+    except ProbeError as exc:
+        fail(str(exc))
+
+
+def open_profile(name_or_path: str) -> LoadedProfile:
+    from deploykit.profile.load import load_profile
+    from deploykit.profile.schema import ProfileError
+
+    try:
+        return load_profile(name_or_path)
+    except ProfileError as exc:
+        for issue in exc.issues:
+            typer.echo(str(issue), err=True)
+        fail(f"{len(exc.issues)} problem(s) in profile {name_or_path}")
+
+
+def parse_fix_overrides(values: list[str] | None) -> dict[str, FixMode]:
+    from deploykit.fixes import FIX_NAMES
+    from deploykit.profile.schema import FixMode
+
+    overrides: dict[str, FixMode] = {}
+    for value in values or []:
+        name, sep, mode = value.partition("=")
+        if not sep or name not in FIX_NAMES or mode not in {m.value for m in FixMode}:
+            fail(f"--fix {value!r}: expected NAME=on|off|auto with NAME one of {', '.join(FIX_NAMES)}")
+        overrides[name] = FixMode(mode)
+    return overrides

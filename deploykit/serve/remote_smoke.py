@@ -1,0 +1,95 @@
+"""`deploykit smoke`: the smoke cases against a server that is already running (local or remote)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from pydantic import BaseModel, ConfigDict
+
+from deploykit.serve.console import ConsoleUI
+from deploykit.serve.helpers import (
+    ServeFailure,
+    deploykit_version,
+    exit_code_for,
+    print_verdict,
+    profile_issues,
+    redact,
+    secret_values,
+    store_record,
+)
+
+
+class SmokeOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    url: str
+    profile: str | None = None
+    model: str | None = None
+    api_key_env: str | None = None
+    timeout_s: float | None = None
+    store_url: str | None = None
+    store: bool = True
+
+
+def run_remote_smoke(options: SmokeOptions, ui: ConsoleUI | None = None) -> int:
+    """Smoke a server that is already running; stores one row unless told not to."""
+    from deploykit.plan import resolve_model_path
+    from deploykit.profile.load import load_profile
+    from deploykit.profile.schema import ProfileError, SmokeCase
+    from deploykit.smoke import derive_cases, run_smoke, smoke_requests, special_token_ids
+    from deploykit.store import ResultRecord
+
+    ui = ui or ConsoleUI(quiet=True)
+    started = time.monotonic()
+    record = ResultRecord(command="smoke", verdict="error", stage="profile", base_url=options.url)
+    record.versions = {"deploykit": deploykit_version()}
+    secrets = secret_values(None, os.environ)
+    try:
+        if options.profile is not None:
+            try:
+                loaded = load_profile(options.profile)
+            except ProfileError as exc:
+                raise ServeFailure("profile", f"the profile cannot be used: {profile_issues(exc)}") from None
+            profile = loaded.profile
+            record.profile_name, record.profile_id = profile.name, loaded.id
+            served = options.model or profile.served_name
+            adapters = list(profile.serve.lora.adapters)
+            requests = smoke_requests(derive_cases(profile), served, adapters[0] if adapters else None)
+            timeout = options.timeout_s or profile.smoke.timeout_s
+            key_env = options.api_key_env or profile.serve.api_key_env
+            special = special_token_ids(resolve_model_path(profile))
+        elif options.model is not None:
+            record.profile_name = None
+            requests = smoke_requests([SmokeCase(kind="completion"), SmokeCase(kind="chat")], options.model)
+            timeout = options.timeout_s or 120.0
+            key_env = options.api_key_env
+            special = frozenset()
+        else:
+            raise ServeFailure("profile", "give --profile P or --model NAME")
+        api_key = None
+        if key_env:
+            api_key = os.environ.get(key_env)
+            if not api_key:
+                raise ServeFailure("secrets", f"the API key variable {key_env} is not set")
+        record.stage = "smoke"
+        ui.say(f"smoke: {len(requests)} request(s) against {options.url}")
+        report = run_smoke(
+            options.url, requests, timeout_s=timeout, api_key=api_key, special_ids=special, on_case=ui.case
+        )
+        record.verdict = "pass" if report.passed else "fail"
+        record.stage = "done"
+        record.diagnosis = report.diagnosis
+        record.cases = report.cases
+        record.timings = {"smoke_s": round(report.elapsed_s, 4)}
+        record.timings.update({f"case_{c.name}_s": c.latency_s for c in report.cases})
+    except ServeFailure as exc:
+        record.stage, record.diagnosis = exc.stage, str(exc)
+    record.timings["total_s"] = round(time.monotonic() - started, 4)
+    record.diagnosis = redact(record.diagnosis, secrets)
+    if options.store:
+        result_id, where = store_record(record, options.store_url, ui)
+    else:
+        result_id, where = None, ""
+    print_verdict(record, result_id, where, ui)
+    return exit_code_for(record)
