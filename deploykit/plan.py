@@ -98,10 +98,6 @@ class Plan(BaseModel):
         return " ".join([*parts, shlex.join(self.argv)])
 
 
-class PlanError(Exception):
-    pass
-
-
 def secret_reference(name: str) -> str:
     return f"${{{name}}}"
 

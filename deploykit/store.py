@@ -19,6 +19,7 @@ from typing import Any, Literal
 import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict, Field
 
+from deploykit import errors
 from deploykit.paths import STORE_ENV_VAR as STORE_ENV_VAR
 from deploykit.paths import default_store_url as default_store_url
 from deploykit.smoke import CaseResult
@@ -57,7 +58,7 @@ class ResultRecord(BaseModel):
         return self.verdict == "pass"
 
 
-class StoreError(RuntimeError):
+class StoreError(errors.StoreError, RuntimeError):
     pass
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from deploykit import errors
 from deploykit.installed import installed_version
 from deploykit.probe.facts import ProbeFacts
 from deploykit.probe.nvml_reader import read_probe_document
 
 
-class ProbeError(Exception):
+class ProbeError(errors.FactsError):
     """A saved facts file could not be used."""
 
 

@@ -13,6 +13,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from deploykit import errors
+
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_MODELS = ("tiny-llama",)
 _SECRET_NAME = re.compile(
@@ -188,7 +190,7 @@ class ProfileIssue:
         return f"{self.file}:{self.line}:{self.column}: {self.field}: {self.message}"
 
 
-class ProfileError(Exception):
+class ProfileError(errors.ProfileError):
     """A profile could not be loaded; `issues` lists every problem with its location."""
 
     def __init__(self, issues: list[ProfileIssue]) -> None:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
+from deploykit import errors
 from deploykit.paths import installed_template_dir
 from deploykit.paths import template_dirs as template_dirs
 
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from deploykit.profile.schema import FixMode, LoadedProfile
 
 
-class RenderError(Exception):
+class RenderError(errors.RenderError):
     """The profile or plan cannot be rendered into this form; the message says what to change."""
 
 

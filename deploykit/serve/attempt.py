@@ -274,7 +274,6 @@ def _stop(attempt: Attempt, ui: ConsoleUI) -> None:
     started = time.monotonic()
     code = attempt.server.stop()
     attempt.mark("stop_s", started)
-    ui.log_lines([])
     ui.say(f"vLLM stopped (exit code {code}); its process group is gone")
 
 
