@@ -16,6 +16,7 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check deploykit tests bench
 	$(BIN)/ruff format --check deploykit tests bench
+	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -71,7 +71,7 @@ def open_profile(name_or_path: str) -> LoadedProfile:
 
 
 def parse_fix_overrides(values: list[str] | None) -> dict[str, FixMode]:
-    from deploykit.fixes import FIX_NAMES
+    from deploykit.plan import FIX_NAMES
     from deploykit.profile.schema import FixMode
 
     overrides: dict[str, FixMode] = {}

@@ -21,9 +21,10 @@ def profiles_list(
     format: FormatOption = TableOrJson.table,
 ) -> None:
     """Every shipped and user profile: compatible, compatible with warnings, or incompatible with this GPU."""
+    from deploykit.plan import make_plan
     from deploykit.profile.catalog import assess_profiles
 
-    rows = assess_profiles(gather_facts(facts), dir)
+    rows = assess_profiles(gather_facts(facts), dir, make_plan=make_plan)
     if format is TableOrJson.json:
         import json
 

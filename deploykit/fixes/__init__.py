@@ -1,6 +1,6 @@
 """The fix registry. `plan` reads the decision rules, the vLLM plugin applies the patches.
 
-Each fix is one module exposing:
+Each fix is one module exposing (the `Fix` protocol in base.py, checked by mypy):
     NAME: str                 the key used in profiles, `--fix` and DEPLOYKIT_FIXES
     SUMMARY: str              one line for people
     PATCHES: str              what in vLLM it changes
@@ -14,7 +14,14 @@ Importing a fix module must stay cheap: torch and vLLM are imported inside funct
 from __future__ import annotations
 
 import importlib
-from types import ModuleType
+from typing import TYPE_CHECKING, cast
+
+from deploykit.fixes.base import Fix
+
+if TYPE_CHECKING:  # mypy checks every fix module against the Fix protocol; nothing is imported at run time
+    from deploykit.fixes import fp32_projection, matmul_lora, penalties
+
+    _CHECKED: tuple[Fix, ...] = (fp32_projection, matmul_lora, penalties)
 
 FIX_MODULES: dict[str, str] = {
     "fp32_projection": "deploykit.fixes.fp32_projection",
@@ -25,10 +32,10 @@ FIX_MODULES: dict[str, str] = {
 FIX_NAMES: tuple[str, ...] = tuple(FIX_MODULES)
 
 
-def load_fix(name: str) -> ModuleType:
+def load_fix(name: str) -> Fix:
     try:
         module_path = FIX_MODULES[name]
     except KeyError:
         known = ", ".join(FIX_NAMES)
         raise KeyError(f"unknown fix {name!r}; known fixes: {known}") from None
-    return importlib.import_module(module_path)
+    return cast("Fix", importlib.import_module(module_path))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -58,3 +59,27 @@ class DecisionInputs(BaseModel):
 
 class FixError(RuntimeError):
     """A fix could not be applied; the message names the fix and the vLLM version."""
+
+
+class Fix(Protocol):
+    """What every fix module provides; mypy checks each module against it (see `deploykit.fixes`)."""
+
+    NAME: str  # the key used in profiles, `--fix` and DEPLOYKIT_FIXES
+    SUMMARY: str  # one line for people
+    PATCHES: str  # what in vLLM it changes
+
+    def decide(self, inputs: DecisionInputs, mode: FixMode) -> FixDecision:
+        """Pure: no torch or vLLM import."""
+        ...
+
+    def launch_args(self, inputs: DecisionInputs) -> list[str]:
+        """Extra `vllm serve` flags when the fix is enabled."""
+        ...
+
+    def check_target(self) -> TargetCheck:
+        """Imports vLLM: does the patch target exist as expected?"""
+        ...
+
+    def apply(self) -> str:
+        """Patches vLLM in this process; returns the target patched."""
+        ...

@@ -1,15 +1,19 @@
-"""`deploykit profiles list`: every profile judged against one set of GPU facts."""
+"""`deploykit profiles list`: every profile judged against one set of GPU facts.
+
+The judging is a plan per profile; the planner is passed in (the CLI passes `deploykit.plan.make_plan`),
+so profiles sit below the plan in the layers."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 from pydantic import BaseModel
 
 from deploykit.probe.facts import ProbeFacts
 from deploykit.profile.load import list_profile_paths, load_profile
-from deploykit.profile.schema import ProfileError
+from deploykit.profile.schema import LoadedProfile, ProfileError
 
 
 class ProfileRow(BaseModel):
@@ -20,9 +24,34 @@ class ProfileRow(BaseModel):
     reasons: list[str]
 
 
-def assess_profiles(facts: ProbeFacts, extra_dir: Path | None = None) -> list[ProfileRow]:
-    from deploykit.plan import make_plan
+class RequirementsView(Protocol):
+    @property
+    def status(self) -> str: ...
+    @property
+    def problems(self) -> list[str]: ...
+    @property
+    def notes(self) -> list[str]: ...
 
+
+class PlanView(Protocol):
+    """What the catalog reads of a plan."""
+
+    @property
+    def requires(self) -> RequirementsView: ...
+    @property
+    def errors(self) -> list[str]: ...
+    @property
+    def warnings(self) -> list[str]: ...
+    @property
+    def enabled_fixes(self) -> list[str]: ...
+
+
+Planner = Callable[[LoadedProfile, ProbeFacts], PlanView]
+
+
+def assess_profiles(
+    facts: ProbeFacts, extra_dir: Path | None = None, *, make_plan: Planner
+) -> list[ProfileRow]:
     rows = []
     for path in list_profile_paths(extra_dir):
         try:
