@@ -70,14 +70,14 @@ NOTES = """Where the time goes (python -X importtime and cProfile of `deploykit 
   of the entry points of every installed distribution, 173 in this venv). The JSON path therefore
   builds the document with plain dicts (`deploykit.probe.nvml_reader`) and prints it with `json`; tests hold
   it to the bytes `ProbeFacts.model_dump_json(indent=2)` writes for every GPU fixture and NVML failure
-  (tests/test_nvml_reader.py) and check that the command imports neither pydantic, importlib.metadata
-  nor rich (tests/test_cli_imports.py). The table for people still validates with pydantic.
+  (tests/probe/test_nvml_reader.py) and check that the command imports neither pydantic, importlib.metadata
+  nor rich (tests/cli/test_imports.py). The table for people still validates with pydantic.
 - Package versions (vllm, torch) are read from their METADATA files (`deploykit.installed`), not with
   `importlib.metadata` (~0.07 s to import); tests compare both over every installed distribution.
 - typer 0.29 coerced every CLI parameter through pydantic `TypeAdapter`s (about 0.3 s CPU per
   command); pyproject.toml pins typer below 0.29. typer itself is now the largest import (~0.05 s).
 - `pynvml` (an 8000-line module of ctypes structures, ~0.02 s) and `site` (the editable-install finder).
-- torch and vLLM: never imported (tests/test_cli_imports.py).
+- torch and vLLM: never imported (tests/cli/test_imports.py).
 - `plan` (target 0.3 s, issue 3) reads a YAML profile into pydantic models, the boundary the house
   style requires, so it cannot go below the "floor" row: the interpreter, typer and pydantic's first
   model, which already exceeds 0.3 s here. The rest is PyYAML, ~20 more models, and rich for the text
