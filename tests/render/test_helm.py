@@ -1,14 +1,18 @@
-"""`deploykit render helm`: values.yaml against values.schema.json, the manifests against the Kubernetes
-schemas (kubernetes-validate, bundled schemas, strict), the same argv as `deploykit plan`, and node affinity
-that keeps a Turing plan off Hopper nodes and the other way round. With helm on PATH, `helm lint` and
-`helm template` run too, and helm's output must equal the test interpreter's (tests/render/gotemplate.py)."""
+"""`deploykit render helm`, checked with what users run: the real helm (`helm lint --strict`, `helm template`;
+tools/install-helm.sh installs it), the rendered values against values.schema.json, what `helm template`
+renders against the Kubernetes schemas (kubernetes-validate, bundled schemas, strict), the same argv as
+`deploykit plan`, and node affinity that keeps a Turing plan off Hopper nodes and the other way round.
+Every shipped profile's chart is rendered; without helm these tests fail (CI must run them)."""
 
 from __future__ import annotations
 
 import copy
+import functools
 import json
+import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,10 +22,12 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from tests.profile_variants import PROFILES, profile_variant
 from tests.render.conftest import deploykit, planned
-from tests.render.gotemplate import helm_context, render
 
+FACTS_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "facts"  # saved probe facts of real GPUs
 RELEASE = "demo"
+NAMESPACE = "default"
 # The oldest and the newest Kubernetes the bundled schemas cover from our support window.
 KUBERNETES_VERSIONS = ("1.28", kubernetes_validate.utils.latest_version())
 # GPU Feature Discovery labels of real nodes.
@@ -45,6 +51,37 @@ A10_NODE = {
     "nvidia.com/gpu.family": "ampere",
     "nvidia.com/gpu.memory": "23028",
 }
+INSTALL_HINT = (
+    "run `bash tools/install-helm.sh` (VENV=<the venv running pytest>, default .venv) to install it"
+)
+
+
+def find_helm() -> str:
+    """helm beside the running Python (`.venv/bin/helm`, where tools/install-helm.sh puts it), else on PATH.
+    Missing, the calling test fails: a skipped chart check would pass CI without checking anything."""
+    beside = Path(sys.executable).parent / "helm"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    found = shutil.which("helm")
+    if found is None:
+        pytest.fail(f"helm is neither at {beside} nor on PATH: {INSTALL_HINT}", pytrace=False)
+    return found
+
+
+def run_helm(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([find_helm(), *args], capture_output=True, text=True, timeout=60)
+
+
+def lint(root: Path) -> subprocess.CompletedProcess[str]:
+    return run_helm("lint", "--strict", str(root))
+
+
+def template(root: Path, *options: str) -> list[dict[str, Any]]:
+    """`helm template` of the chart: its manifests, hooks (the `helm test` pod) included."""
+    result = run_helm("template", RELEASE, str(root), "--namespace", NAMESPACE, *options)
+    if result.returncode != 0:
+        raise AssertionError(f"helm template {root} {' '.join(options)} failed:\n{result.stderr}")
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
 class Chart:
@@ -52,49 +89,70 @@ class Chart:
         self.root = root
         self.plan = plan
         self.values: dict[str, Any] = yaml.safe_load((root / "values.yaml").read_text())
-        self.meta: dict[str, Any] = yaml.safe_load((root / "Chart.yaml").read_text())
         self.schema: dict[str, Any] = json.loads((root / "values.schema.json").read_text())
 
-    def manifests(self, values: dict[str, Any] | None = None) -> dict[str, list[dict[str, Any]]]:
-        context = helm_context(self.meta, values or self.values, RELEASE, "default")
-        rendered = {}
-        for template in sorted((self.root / "templates").rglob("*.yaml")):
-            text = render(template.read_text(), context)
-            rendered[str(template.relative_to(self.root))] = [d for d in yaml.safe_load_all(text) if d]
-        return rendered
+    @functools.cached_property
+    def manifests(self) -> list[dict[str, Any]]:
+        """What `helm template` renders with the chart's own values."""
+        return template(self.root)
 
     def one(self, kind: str) -> dict[str, Any]:
-        found = [d for docs in self.manifests().values() for d in docs if d["kind"] == kind]
+        found = [d for d in self.manifests if d["kind"] == kind]
         assert len(found) == 1, kind
         return found[0]
 
 
 def render_chart(profile: Path | str, facts: Path, out: Path) -> Chart:
+    out.mkdir(parents=True, exist_ok=True)
     result = deploykit("render", "helm", "--profile", str(profile), "--facts", str(facts), "--out", str(out))
     chart_dir = Path(result.stdout.splitlines()[0]).parent
     return Chart(chart_dir, planned(profile, facts))
+
+
+# Every shipped profile, listening beyond loopback as a pod must: chart name → (profile, changes, facts).
+# "turing", "hopper" and "cpu" carry the semantic checks below; the rest go through lint and validation.
+LISTEN = {"serve.host": "0.0.0.0"}
+CHARTED: dict[str, tuple[str, dict[str, Any], str]] = {
+    "turing": ("gemma4-turing", {**LISTEN, "serve.tensor_parallel_size": 2}, "turing_facts"),
+    "hopper": ("qwen-lora-hopper", LISTEN, "hopper_facts"),
+    "cpu": ("demo-cpu", LISTEN, "turing_facts"),
+    "cpu-gemma4": ("demo-gemma4-fp16", LISTEN, "no-gpu.json"),
+    "penalties": ("penalties-high-concurrency", LISTEN, "a100.json"),
+}
 
 
 @pytest.fixture(scope="module")
 def charts(
     tmp_path_factory: pytest.TempPathFactory, turing_facts: Path, hopper_facts: Path
 ) -> dict[str, Chart]:
-    from tests.render.conftest import profile_variant
-
+    probed = {"turing_facts": turing_facts, "hopper_facts": hopper_facts}
     directory = tmp_path_factory.mktemp("charts")
-    listen = {"serve.host": "0.0.0.0"}
-    turing = profile_variant(directory, "gemma4-turing", {**listen, "serve.tensor_parallel_size": 2})
-    hopper_dir = directory / "h"
-    hopper_dir.mkdir()
-    hopper = profile_variant(hopper_dir, "qwen-lora-hopper", listen)
-    cpu_dir = directory / "c"
-    cpu_dir.mkdir()
-    cpu = profile_variant(cpu_dir, "demo-cpu", listen)
-    return {
-        "turing": render_chart(turing, turing_facts, directory / "out-turing"),
-        "hopper": render_chart(hopper, hopper_facts, directory / "out-hopper"),
-        "cpu": render_chart(cpu, turing_facts, directory / "out-cpu"),
-    }
+    rendered = {}
+    for name, (base, changes, facts) in CHARTED.items():
+        (directory / name).mkdir()
+        profile = profile_variant(directory / name, base, changes)
+        facts_path = probed.get(facts, FACTS_DIR / facts)
+        rendered[name] = render_chart(profile, facts_path, directory / name / "out")
+    return rendered
+
+
+def test_every_shipped_profile_is_charted() -> None:
+    assert sorted(base for base, _, _ in CHARTED.values()) == sorted(p.stem for p in PROFILES.glob("*.yaml"))
+
+
+def test_helm_is_found_or_the_test_fails_saying_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "executable", "/nonexistent/bin/python")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(pytest.fail.Exception, match=r"tools/install-helm\.sh"):
+        find_helm()
+
+
+@pytest.mark.parametrize("name", CHARTED)
+def test_helm_lint_strict_is_clean(charts: dict[str, Chart], name: str) -> None:
+    result = lint(charts[name].root)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "[WARNING]" not in output and "[ERROR]" not in output, output
 
 
 def test_values_validate_against_the_schema(charts: dict[str, Chart]) -> None:
@@ -103,35 +161,114 @@ def test_values_validate_against_the_schema(charts: dict[str, Chart]) -> None:
         jsonschema.validate(chart.values, chart.schema, cls=jsonschema.Draft7Validator)
 
 
-def test_schema_rejects_wrong_values(charts: dict[str, Chart]) -> None:
+WRONG_VALUES: list[Callable[[dict[str, Any]], None]] = [
+    lambda v: v.update(port="8000"),
+    lambda v: v["command"].__setitem__(0, "python"),
+    lambda v: v["probes"]["startup"]["httpGet"].update(path="/v1/models"),
+    lambda v: v["shm"].update(sizeLimit="lots"),
+    lambda v: v.update(replicas=2),  # a typo of replicaCount
+]
+
+
+def test_schema_rejects_wrong_values(charts: dict[str, Chart], tmp_path: Path) -> None:
+    """Rejected by the schema itself and by helm, which checks values.schema.json at install/template time."""
     chart = charts["turing"]
-    for mutate in (
-        lambda v: v.update(port="8000"),
-        lambda v: v["command"].__setitem__(0, "python"),
-        lambda v: v["probes"]["startup"]["httpGet"].update(path="/v1/models"),
-        lambda v: v["shm"].update(sizeLimit="lots"),
-        lambda v: v.update(replicas=2),  # a typo of replicaCount
-    ):
+    for number, mutate in enumerate(WRONG_VALUES):
         values = copy.deepcopy(chart.values)
         mutate(values)
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(values, chart.schema, cls=jsonschema.Draft7Validator)
+        override = tmp_path / f"wrong-{number}.yaml"
+        override.write_text(yaml.safe_dump(values))
+        result = run_helm("template", RELEASE, str(chart.root), "-f", str(override))
+        assert result.returncode != 0 and "schema" in result.stderr, (number, result.stderr)
+
+
+def all_manifests(charts: dict[str, Chart]) -> list[dict[str, Any]]:
+    """Every chart's default rendering, plus the branches its defaults leave out: a PersistentVolumeClaim for
+    the caches instead of an emptyDir."""
+    docs = [doc for chart in charts.values() for doc in chart.manifests]
+    return docs + template(charts["turing"].root, "--set", "cache.existingClaim=model-cache")
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
-def test_manifests_validate_against_kubernetes_schemas(charts: dict[str, Chart], version: str) -> None:
+def test_helm_template_output_validates_against_kubernetes_schemas(
+    charts: dict[str, Chart], version: str
+) -> None:
     kinds = set()
-    for chart in charts.values():
-        for docs in chart.manifests().values():
-            for doc in docs:
-                kubernetes_validate.validate(doc, version, strict=True)
-                kinds.add(doc["kind"])
+    for doc in all_manifests(charts):
+        kubernetes_validate.validate(doc, version, strict=True)
+        kinds.add(doc["kind"])
     assert kinds == {"Deployment", "Service", "ConfigMap", "Pod"}
+
+
+def test_existing_claim_mounts_the_cache_volume(charts: dict[str, Chart]) -> None:
+    docs = template(charts["turing"].root, "--set", "cache.existingClaim=model-cache")
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    volumes = deployment["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "cache", "persistentVolumeClaim": {"claimName": "model-cache"}} in volumes
 
 
 def test_kubernetes_validation_does_reject_a_bad_manifest(charts: dict[str, Chart]) -> None:
     deployment = copy.deepcopy(charts["turing"].one("Deployment"))
     deployment["spec"]["template"]["spec"]["containers"][0]["startupProbe"]["periodSecond"] = 10
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBERNETES_VERSIONS[-1], strict=True)
+
+
+# Template breakages in a copy of the rendered chart: (file, text, replacement, what `helm lint` says).
+BROKEN_TEMPLATES = {
+    "unclosed action": (
+        "templates/deployment.yaml",
+        "{{ .Values.replicaCount }}",
+        "{{ .Values.replicaCount ",
+        "parse error",
+    ),
+    "bad indentation": ("templates/deployment.yaml", "\n  selector:", "\n selector:", "unable to parse YAML"),
+    "missing value map": (
+        "templates/deployment.yaml",
+        ".Values.probes.startup",
+        ".Values.probe.startup",
+        "nil pointer evaluating",
+    ),
+    "value against the schema": (
+        "values.yaml",
+        "\nreplicaCount: 1\n",
+        '\nreplicaCount: "1"\n',
+        "want integer",
+    ),
+}
+
+
+def broken_copy(chart: Chart, directory: Path, file: str, text: str, replacement: str) -> Path:
+    root = directory / chart.root.name
+    shutil.copytree(chart.root, root)
+    target = root / file
+    original = target.read_text()
+    assert text in original, (file, text)
+    target.write_text(original.replace(text, replacement, 1))
+    return root
+
+
+@pytest.mark.parametrize("case", BROKEN_TEMPLATES)
+def test_helm_lint_catches_a_broken_chart(charts: dict[str, Chart], tmp_path: Path, case: str) -> None:
+    file, text, replacement, message = BROKEN_TEMPLATES[case]
+    result = lint(broken_copy(charts["turing"], tmp_path, file, text, replacement))
+    assert result.returncode != 0, result.stdout
+    assert "[ERROR]" in result.stdout and message in result.stdout, result.stdout
+
+
+def test_a_misspelt_value_passes_lint_but_not_kubernetes_validation(
+    charts: dict[str, Chart], tmp_path: Path
+) -> None:
+    """helm renders a missing scalar as null and `helm lint --strict` (helm 4) accepts it: the Kubernetes
+    schemas are what catch it, which is why the tests validate `helm template`'s output too."""
+    root = broken_copy(
+        charts["turing"], tmp_path, "templates/deployment.yaml", "{{ .Values.port }}", "{{ .Values.prot }}"
+    )
+    assert lint(root).returncode == 0
+    (deployment,) = [d for d in template(root) if d["kind"] == "Deployment"]
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] is None
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(deployment, KUBERNETES_VERSIONS[-1], strict=True)
 
@@ -252,7 +389,6 @@ def test_plan_shell_systemd_and_chart_agree(
 ) -> None:
     """One profile, three forms: `plan --format shell`, the unit's ExecStart, the chart's command."""
     import shlex
-    import sys
 
     from tests.render.test_systemd import split_command_line, unit_value
 
@@ -280,25 +416,3 @@ def test_plan_shell_systemd_and_chart_agree(
     chart_argv = charts["turing"].one("Deployment")["spec"]["template"]["spec"]["containers"][0]["command"]
     assert shell_argv == chart_argv == ["vllm", *unit_argv[1:]]
     assert "DEPLOYKIT_FIXES=fp32_projection" in words
-
-
-def helm() -> str:
-    found = shutil.which("helm")
-    if not found:
-        pytest.skip("helm is not on PATH; the chart was checked through tests/render/gotemplate.py")
-    return found
-
-
-def test_helm_lint_and_template_agree_with_the_interpreter(charts: dict[str, Chart]) -> None:
-    binary = helm()
-    for chart in charts.values():
-        lint = subprocess.run([binary, "lint", "--strict", str(chart.root)], capture_output=True, text=True)
-        assert lint.returncode == 0, lint.stdout + lint.stderr
-        for template, docs in chart.manifests().items():
-            result = subprocess.run(
-                [binary, "template", RELEASE, str(chart.root), "--show-only", template],
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            assert [d for d in yaml.safe_load_all(result.stdout) if d] == docs, template
