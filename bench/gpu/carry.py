@@ -27,31 +27,148 @@ CARRY = REPO / ".gpu-carry"
 # Import names of what KINDS.md lists on the GPU image (the ones vLLM's import chain reaches), plus the
 # standard library and what `prepare.sh` carries as wheels.
 GPU_IMAGE_PACKAGES = frozenset(
-    """
-    aiohappyeyeballs aiohttp aiosignal anyio attr attrs certifi charset_normalizer click cloudpickle cpuinfo
-    cv2 filelock frozenlist fsspec functorch h11 hf_xet httpcore httpx huggingface_hub idna jinja2 markupsafe
-    mpmath multidict networkx numpy packaging PIL prometheus_client propcache psutil pynvml pytest _pytest
-    pluggy iniconfig regex requests rich markdown_it mdurl pygments safetensors sentencepiece setuptools
-    pkg_resources _distutils_hack shellingham six sympy tiktoken tokenizers torch torchgen torchvision tqdm
-    transformers triton typer typing_extensions urllib3 uvloop yaml yarl accelerate sniffio tabulate
-    annotated_doc zipp wrapt google jaraco backports importlib_metadata more_itertools
-    """.split()
+    [
+        "aiohappyeyeballs",
+        "aiohttp",
+        "aiosignal",
+        "anyio",
+        "attr",
+        "attrs",
+        "certifi",
+        "charset_normalizer",
+        "click",
+        "cloudpickle",
+        "cpuinfo",
+        "cv2",
+        "filelock",
+        "frozenlist",
+        "fsspec",
+        "functorch",
+        "h11",
+        "hf_xet",
+        "httpcore",
+        "httpx",
+        "huggingface_hub",
+        "idna",
+        "jinja2",
+        "markupsafe",
+        "mpmath",
+        "multidict",
+        "networkx",
+        "numpy",
+        "packaging",
+        "PIL",
+        "prometheus_client",
+        "propcache",
+        "psutil",
+        "pynvml",
+        "pytest",
+        "_pytest",
+        "py",
+        "pluggy",
+        "iniconfig",
+        "regex",
+        "requests",
+        "rich",
+        "markdown_it",
+        "mdurl",
+        "pygments",
+        "safetensors",
+        "sentencepiece",
+        "setuptools",
+        "pkg_resources",
+        "_distutils_hack",
+        "shellingham",
+        "six",
+        "sympy",
+        "tiktoken",
+        "tokenizers",
+        "torch",
+        "torchgen",
+        "torchvision",
+        "tqdm",
+        "transformers",
+        "triton",
+        "typer",
+        "typing_extensions",
+        "urllib3",
+        "uvloop",
+        "yaml",
+        "yarl",
+        "accelerate",
+        "sniffio",
+        "tabulate",
+        "annotated_doc",
+        "zipp",
+        "wrapt",
+        "einops",
+        "google",
+        "jaraco",
+        "backports",
+        "importlib_metadata",
+        "more_itertools",
+    ]
 )
 # Carried as wheels by prepare.sh (pure Python, or binary wheels for CPython 3.12).
 CARRIED_WHEELS = frozenset(
-    """
-    pydantic pydantic_core annotated_types typing_inspection cachetools msgspec cbor2 dill zmq
-    pybase64 platformdirs more_itertools openai jiter distro
-    """.split()
+    [
+        "pydantic",
+        "pydantic_core",
+        "annotated_types",
+        "typing_inspection",
+        "cachetools",
+        "msgspec",
+        "cbor2",
+        "dill",
+        "zmq",
+        "pybase64",
+        "platformdirs",
+        "more_itertools",
+        "openai",
+        "jiter",
+        "distro",
+    ]
 )
 # Imported by vLLM's chain but never used by the kit: answered by stand-ins when absent.
 STUBBABLE = frozenset(
-    """
-    openai_harmony xgrammar llguidance tvm_ffi fastapi starlette email_validator python_multipart
-    partial_json_parser pydantic_extra_types truststore httpcore2 httpx2 blake3 gguf mistral_common
-    lm_format_enforcer outlines_core compressed_tensors depyf einops watchfiles diskcache lark numba
-    ray setproctitle py_cpuinfo pyzmq cbor2 msgspec zmq dill pybase64 cachetools more_itertools
-    """.split()
+    [
+        "openai_harmony",
+        "xgrammar",
+        "llguidance",
+        "tvm_ffi",
+        "fastapi",
+        "starlette",
+        "email_validator",
+        "python_multipart",
+        "partial_json_parser",
+        "pydantic_extra_types",
+        "truststore",
+        "httpcore2",
+        "httpx2",
+        "blake3",
+        "gguf",
+        "mistral_common",
+        "lm_format_enforcer",
+        "outlines_core",
+        "compressed_tensors",
+        "depyf",
+        "einops",
+        "watchfiles",
+        "diskcache",
+        "lark",
+        "numba",
+        "ray",
+        "setproctitle",
+        "py_cpuinfo",
+        "pyzmq",
+        "cbor2",
+        "msgspec",
+        "zmq",
+        "dill",
+        "pybase64",
+        "cachetools",
+        "more_itertools",
+    ]
 )
 
 

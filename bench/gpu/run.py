@@ -305,12 +305,16 @@ def matmul_exactness(step: Step, device: Any, dtype_name: str, small: bool) -> N
 
     dtype = getattr(torch, dtype_name)
     eps = torch.finfo(dtype).eps
-    features, slices, rank, loras, tokens = (256, (256, 64, 64), 16, 4, 37) if small else (
-        4096,
-        (4096, 1024, 1024),
-        64,
-        4,
-        300,
+    features, slices, rank, loras, tokens = (
+        (256, (256, 64, 64), 16, 4, 37)
+        if small
+        else (
+            4096,
+            (4096, 1024, 1024),
+            64,
+            4,
+            300,
+        )
     )
     slots = mixed_slots(tokens, loras, seed=5)
     indices = torch.tensor(slots, device=device)
@@ -465,11 +469,12 @@ def lora_timings(step: Step, device: Any, budget_s: float) -> None:
                 indices = torch.tensor(slots, device=device)
                 weight = torch.randn(features, features, device=device, dtype=torch.bfloat16)
                 row: dict[str, Any] = {"rank": rank, "adapters": adapters, "tokens": tokens}
-                row["base_ms"] = cuda_ms(lambda: torch.nn.functional.linear(inp["x"], weight), 20)
-                row["ours_ms"] = cuda_ms(
-                    lambda: add_lora_linear(inp["y"], inp["x"], inp["a"], inp["b"], 1.0, (features,), indices),
-                    20,
-                )  # fmt: skip
+                row["base_ms"] = cuda_ms(lambda i=inp, w=weight: torch.nn.functional.linear(i["x"], w), 20)
+
+                def ours(i: dict[str, Any] = inp, idx: Any = indices) -> Any:
+                    return add_lora_linear(i["y"], i["x"], i["a"], i["b"], 1.0, (features,), idx)
+
+                row["ours_ms"] = cuda_ms(ours, 20)
                 try:
                     row["punica_ms"] = cuda_ms(
                         punica_add_lora_linear(inp, slots, adapters, 1.0, torch.float32), 20
@@ -486,7 +491,9 @@ def step_matmul_lora(step: Step, out: Path) -> None:
     device = device_for(step)
     step.data["device"] = str(device)
     for dtype_name in ("float16", "bfloat16"):
-        step.part(f"exactness_{dtype_name}", lambda d=dtype_name: matmul_exactness(step, device, d, step.dry_run))
+        step.part(
+            f"exactness_{dtype_name}", lambda d=dtype_name: matmul_exactness(step, device, d, step.dry_run)
+        )
 
     def imports() -> None:
         punica_ops()
@@ -612,7 +619,9 @@ def reference_penalties(traffic: BatchTraffic, logits: Any) -> Any:
         prompt[i, : len(r["prompt"])] = torch.tensor(r["prompt"])
 
     def column(name: str) -> Any:
-        return torch.tensor([getattr(r["params"], name) for r in reqs], dtype=torch.float32, device=logits.device)
+        return torch.tensor(
+            [getattr(r["params"], name) for r in reqs], dtype=torch.float32, device=logits.device
+        )
 
     return apply_all_penalties(
         logits.clone(),
@@ -730,15 +739,20 @@ def step_penalties(step: Step, out: Path) -> None:
     device = device_for(step)
     step.data["device"] = str(device)
     if step.dry_run:
-        step.part("exactness", lambda: penalties_exactness(step, device, steps=40, vocab=512, max_rows=16))
+        step.part("exactness", lambda: penalties_exactness(step, device, steps=25, vocab=512, max_rows=16))
     else:
-        step.part("exactness", lambda: penalties_exactness(step, device, steps=200, vocab=32_000, max_rows=64))
+        step.part(
+            "exactness", lambda: penalties_exactness(step, device, steps=200, vocab=32_000, max_rows=64)
+        )
     if device.type != "cuda":
         step.skip("penalties_timings", "per-step timings are taken on the GPU only")
         return
     rows: list[dict[str, Any]] = []
     for batch in (128, 256):
-        step.part(f"timing_{batch}x2048", lambda b=batch: rows.append(penalties_timing(step, device, b, 2048, 128_256)))
+        step.part(
+            f"timing_{batch}x2048",
+            lambda b=batch: rows.append(penalties_timing(step, device, b, 2048, 128_256)),
+        )
     step.data["penalties_timings"] = rows
 
 
@@ -796,9 +810,7 @@ def step_fp32_projection(step: Step, out: Path) -> None:
             fixed = recipe.build_embedder(module, torch.float16, weights).to(device)
         with_fix = embedder_stats(fixed, patches, positions, device)
         step.data["with_fix"] = with_fix
-        step.check(
-            "with_fix_finite", all(s["nan"] == 0 and s["inf"] == 0 for s in with_fix.values())
-        )
+        step.check("with_fix_finite", all(s["nan"] == 0 and s["inf"] == 0 for s in with_fix.values()))
         moved = sum(t.numel() for n, t in weights.items() if n.startswith(("patch_dense.", "patch_ln2.")))
         whole = sum(t.numel() for t in weights.values())
         step.data["memory"] = {
@@ -809,10 +821,10 @@ def step_fp32_projection(step: Step, out: Path) -> None:
         if device.type != "cuda":
             step.skip("fp32_projection_timing", "timed on the GPU only")
             return
-        params = {
-            name: sum(p.numel() * p.element_size() for p in m.parameters()) for name, m in (("plain", plain), ("fixed", fixed))
-        }  # fmt: skip
-        step.data["memory"]["cuda_param_bytes"] = params
+        step.data["memory"]["cuda_param_bytes"] = {
+            name: sum(p.numel() * p.element_size() for p in m.parameters())
+            for name, m in (("plain", plain), ("fixed", fixed))
+        }
         timings = []
         for images in (1, 4):
             batch = patches.expand(images, -1, -1).contiguous().to(device)
@@ -904,7 +916,9 @@ def markdown(summary: dict[str, Any], records: list[dict[str, Any]]) -> str:
         failed = sum(1 for v in checks.values() if v is False)
         not_run = sum(1 for v in checks.values() if v is None)
         reason = (r.get("reason") or "").replace("|", "/")[:160]
-        lines.append(f"| {r['step']} | {r['status']} | {passed} | {failed} | {not_run} | {r['seconds']} | {reason} |")
+        lines.append(
+            f"| {r['step']} | {r['status']} | {passed} | {failed} | {not_run} | {r['seconds']} | {reason} |"
+        )
     lines += ["", "## Checks", "", "| step | check | result |", "|---|---|---|"]
     for r in records:
         for check, value in r["checks"].items():
@@ -913,12 +927,15 @@ def markdown(summary: dict[str, Any], records: list[dict[str, Any]]) -> str:
     for r in records:
         data = r.get("data", {})
         if data.get("lora_timings"):
-            lines += ["", "## matmul_lora timings (bf16, in = out = 4096)", "",
-                      "| rank | adapters | tokens | base ms | ours ms | punica ms |", "|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+            lines += ["", "## matmul_lora timings (bf16, in = out = 4096)", ""]
+            lines += [
+                "| rank | adapters | tokens | base ms | ours ms | punica ms |",
+                "|---:|---:|---:|---:|---:|---:|",
+            ]
             for t in data["lora_timings"]:
                 lines.append(
-                    f"| {t['rank']} | {t['adapters']} | {t['tokens']} | {t['base_ms']:.3f} | {t['ours_ms']:.3f} "
-                    f"| {t.get('punica_ms', float('nan')):.3f} |"
+                    f"| {t['rank']} | {t['adapters']} | {t['tokens']} | {t['base_ms']:.3f} "
+                    f"| {t['ours_ms']:.3f} | {t.get('punica_ms', float('nan')):.3f} |"
                 )
         if data.get("punica_zero_weights"):
             lines += ["", "## punica Triton ops, zero LoRA weights", "", "| case | NaN | Inf | changed |",
@@ -936,8 +953,14 @@ def markdown(summary: dict[str, Any], records: list[dict[str, Any]]) -> str:
                     f"| {'n/a' if v2 is None else f'{v2:.3f}'} | {t['ours_over_copy']:.2f} |"
                 )
         if r["step"] == "probe" and "differences" in data:
-            lines += ["", f"## probe vs {data.get('fixture')}: {len(data['differences'])} field(s) differ", ""]
-            lines += [f"- `{d['field']}`: fixture {d['fixture']!r}, real {d['real']!r}" for d in data["differences"]]
+            lines += [
+                "",
+                f"## probe vs {data.get('fixture')}: {len(data['differences'])} field(s) differ",
+                "",
+            ]
+            lines += [
+                f"- `{d['field']}`: fixture {d['fixture']!r}, real {d['real']!r}" for d in data["differences"]
+            ]
     return "\n".join(lines) + "\n"
 
 
@@ -967,7 +990,12 @@ def main(argv: list[str] | None = None) -> int:
         if (carry.CARRY / "vllm-version.txt").exists()
         else None,
         "steps": {
-            r["step"]: {"status": r["status"], "reason": r.get("reason"), "seconds": r["seconds"], "checks": r["checks"]}
+            r["step"]: {
+                "status": r["status"],
+                "reason": r.get("reason"),
+                "seconds": r["seconds"],
+                "checks": r["checks"],
+            }
             for r in records
         },
     }
