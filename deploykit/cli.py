@@ -180,10 +180,11 @@ def fixes(
 
 
 def _register_command_groups() -> None:
-    from deploykit.commands import render, serve
+    from deploykit.commands import canary, render, serve
 
     serve.register(app)
     render.register(app)
+    canary.register(app)
 
 
 _register_command_groups()

@@ -716,6 +716,10 @@ def judge_consistency(
 ) -> CaseResult:
     """Compare an answer that passed on its own with the one it must equal; fail or warn on a divergence."""
     if not result.passed:
+        if reference_result.passed and not result.miss:
+            result.diagnosis += (
+                f" ({_WHAT.get(request.kind, request.kind)}: {reference.name} had a good answer before)"
+            )
         return result
     if not reference_result.passed:
         result.warning = f"not compared: {reference.name} failed"

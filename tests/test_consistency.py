@@ -250,6 +250,7 @@ def test_failed_answers_are_not_compared_and_keep_their_own_diagnosis() -> None:
     failed = judge(request, nan)
     assert judge_consistency(request, failed, nan, reference, judge(reference, good), good) is failed
     assert "NaN" in failed.diagnosis and not failed.miss
+    assert failed.diagnosis.endswith("(the same greedy request again: repeat:1 had a good answer before)")
     judged = judge_consistency(request, judge(request, good), good, reference, judge(reference, nan), nan)
     assert judged.passed and judged.warning == "not compared: repeat:1 failed"
 
