@@ -232,9 +232,18 @@ def _chat(model: str, content: Any, max_tokens: int) -> dict[str, Any]:
 
 
 def _consistency(model: str, prompt: str | list[int], max_tokens: int) -> dict[str, Any]:
-    """Greedy with the top-2 logprobs as token ids: enough to say where two answers part and by how much."""
+    """Greedy with the top-2 logprobs as token ids: enough to say where two answers part and by how much.
+
+    `ignore_eos`: every answer has `max_tokens` ids, so two answers are compared over the same length, and
+    a model that ends a long prompt of arbitrary ids at once (EOS first, a fair answer) is not taken for
+    one that emits only specials."""
     return _completion(
-        model, prompt, max_tokens, logprobs=CONSISTENCY_TOP_LOGPROBS, return_tokens_as_token_ids=True
+        model,
+        prompt,
+        max_tokens,
+        logprobs=CONSISTENCY_TOP_LOGPROBS,
+        return_tokens_as_token_ids=True,
+        ignore_eos=True,
     )
 
 

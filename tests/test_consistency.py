@@ -143,6 +143,7 @@ def test_consistency_requests_are_groups_with_a_reference() -> None:
         assert request.endpoint == "/v1/completions"
         assert request.body["temperature"] == 0 and request.body["return_token_ids"] is True
         assert request.body["logprobs"] == 2 and request.body["return_tokens_as_token_ids"] is True
+        assert request.body["ignore_eos"] is True  # same length every time; EOS first is no failure
     assert [len(b) for b in batches(requests)] == [1, 1, 1, 1, 1, 1, 1, 3, 1, 1]
     assert {r.compare_to for r in requests if r.kind == "batch"} == {None, "batch:1"}
 
