@@ -31,6 +31,10 @@ from tests.vllm_harness import RunningServer, running_vllm, tiny_serve_args  # n
 SECTION = "bench_canary"
 STREAMS = 8
 MAX_TOKENS = 64
+NOISE_NOTE = (
+    "TPOT is measured on a machine other test runs share: compare the rows against each other's spread, "
+    "and read the canary's cost from the shares above."
+)
 
 
 def stream_tpots(server: RunningServer, seconds: float) -> tuple[list[float], int]:
@@ -161,6 +165,7 @@ def main() -> None:
             f"| {name} | {len(tpots)} | {statistics.median(tpots) * 1000:.1f} ms | "
             f"{percentile(tpots, 0.9) * 1000:.1f} ms | {runs} | {status} |"
         )
+    lines += ["", NOISE_NOTE]
     body = "\n".join(lines)
     print(body)
     if args.write_docs:
