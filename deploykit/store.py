@@ -1,4 +1,5 @@
-"""The results store: one row per `deploykit serve` / `deploykit smoke` attempt, whatever its outcome.
+"""The results store: one row per `deploykit serve` / `deploykit smoke` attempt, whatever its outcome,
+and `deploykit canary` rows (one per state change, an hourly heartbeat).
 
 SQLite in the user's data directory by default (WAL, so a reader never blocks a writer), or a PostgreSQL
 URL when a team shares one store. The schema is versioned: `schema_migrations` lists the migrations
@@ -37,7 +38,7 @@ class ResultRecord(BaseModel):
 
     id: int | None = None
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
-    command: Literal["serve", "smoke"] = "serve"
+    command: Literal["serve", "smoke", "canary"] = "serve"
     hostname: str = Field(default_factory=socket.gethostname)
     profile_name: str | None = None
     profile_id: str | None = None

@@ -221,14 +221,19 @@ def _profile(**overrides: Any) -> Profile:
 
 
 def test_cases_derived_from_the_profile() -> None:
-    assert [c.kind for c in derive_cases(load_profile("demo-cpu").profile)] == ["completion", "chat"]
+    consistency = ["repeat", "long_then_short"]
+    assert [c.kind for c in derive_cases(load_profile("demo-cpu").profile)] == [
+        "completion",
+        "chat",
+        *consistency,
+    ]
     multimodal = _profile(model={"source": "/m", "multimodal": True})
-    assert [c.kind for c in derive_cases(multimodal)] == ["completion", "chat", "image"]
+    assert [c.kind for c in derive_cases(multimodal)] == ["completion", "chat", "image", *consistency]
     lora = _profile(
         serve={"lora": {"enabled": True, "adapters": {"sql": "/a"}}}, workload={"penalties": True}
     )
     kinds = derive_cases(lora)
-    assert [c.kind for c in kinds] == ["completion", "chat", "lora_long", "penalties"]
+    assert [c.kind for c in kinds] == ["completion", "chat", "lora_long", "penalties", *consistency]
     assert kinds[2].adapter == "sql"
     explicit = _profile(smoke={"cases": [{"kind": "chat", "expect_substring": "hi"}]})
     assert [(c.kind, c.expect_substring) for c in derive_cases(explicit)] == [("chat", "hi")]

@@ -114,7 +114,19 @@ class Workload(_Strict):
     concurrency: Annotated[int, Field(gt=0)] | None = None
 
 
-SmokeKind = Literal["completion", "chat", "image", "lora_long", "penalties"]
+SmokeKind = Literal[
+    "completion",
+    "chat",
+    "image",
+    "lora_long",
+    "penalties",
+    # Consistency: the same greedy question must get the same answer.
+    "repeat",
+    "long_then_short",
+    "prefix_cache",
+    "batch",
+]
+CONSISTENCY_KINDS: tuple[SmokeKind, ...] = ("repeat", "long_then_short", "prefix_cache", "batch")
 
 
 class SmokeCase(_Strict):
@@ -123,11 +135,26 @@ class SmokeCase(_Strict):
     expect_substring: str | None = None
     max_tokens: Annotated[int, Field(gt=0, le=4096)] = 16
     adapter: str | None = None
+    prompt_tokens: Annotated[int, Field(gt=0)] | None = Field(
+        default=None,
+        description="long_then_short / prefix_cache: the long prompt's length in tokens "
+        "(default: 512, or as long as serve.max_model_len allows)",
+    )
+    batch_size: Annotated[int, Field(ge=2, le=64)] = Field(
+        default=4, description="batch: how many identical requests are sent at once"
+    )
 
 
 class SmokeSpec(_Strict):
     timeout_s: Annotated[float, Field(gt=0)] = 120.0
     cases: list[SmokeCase] | None = Field(default=None, description="null: derived from the profile")
+    tie_tolerance: Annotated[float, Field(ge=0)] = Field(
+        default=0.05,
+        description="a divergence where the top-2 logprob gap is below this is a near tie: a warning",
+    )
+    logprob_tolerance: Annotated[float, Field(ge=0)] = Field(
+        default=0.05, description="prefix_cache: how far the chosen tokens' logprobs may move on a cache hit"
+    )
 
 
 class DeploySpec(_Strict):

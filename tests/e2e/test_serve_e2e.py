@@ -117,12 +117,21 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoServer]:
 
 def test_demo_passes_and_its_row_is_in_the_default_store(demo: DemoServer) -> None:
     output = demo.run.output
-    assert "verdict: PASS (done): all 2 cases passed (completion, chat)" in output
+    names = [
+        "completion",
+        "chat",
+        "repeat:1",
+        "repeat:2",
+        "long_then_short:short",
+        "long_then_short:long",
+        "long_then_short:again",
+    ]
+    assert f"verdict: PASS (done): all 7 cases passed ({', '.join(names)})" in output
     assert f"stored in {demo.store_url}" in output  # XDG_DATA_HOME/deploykit/results.sqlite
     record = only_row(demo.store_url)
     assert record.verdict == "pass" and record.profile_name == "demo-cpu"
     assert record.profile_id and len(record.profile_id) == 64
-    assert [c.name for c in record.cases] == ["completion", "chat"]
+    assert [c.name for c in record.cases] == names
     for case in record.cases:
         assert case.passed and case.http_status == 200
         assert case.first_ids and any(i not in (0, 1, 2, 3) for i in case.first_ids)
@@ -149,7 +158,7 @@ def test_smoke_command_against_the_running_server_stores_in_postgres(
         assert smoke.finish(180) == 0, smoke.output
         record = only_row(pg)
         assert record.command == "smoke" and record.verdict == "pass"
-        assert [c.passed for c in record.cases] == [True, True]
+        assert len(record.cases) == 7 and all(c.passed for c in record.cases)
     wrong = CommandRun(["smoke", "--url", url, "--model", "nope", "--no-store"], command_env(tmp_path))
     assert wrong.finish(180) == 1
     assert "HTTP 404" in wrong.output

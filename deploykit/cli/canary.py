@@ -1,0 +1,65 @@
+"""`deploykit canary`: check a running server's output forever; `/healthz` and `/metrics` for probes."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+
+def canary(
+    url: Annotated[str, typer.Option("--url", help="The server's base URL, e.g. http://127.0.0.1:8000")],
+    profile: Annotated[
+        str | None, typer.Option("--profile", "-p", help="Take the cases and served name from a profile.")
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option("--model", help="The served model name (default: the profile's, else the first)."),
+    ] = None,
+    every: Annotated[
+        float, typer.Option("--every", min=0.1, help="Seconds between runs (start to start).")
+    ] = 60.0,
+    listen: Annotated[
+        str, typer.Option("--listen", help="HOST:PORT for /healthz (200 right, 503 wrong) and /metrics.")
+    ] = "127.0.0.1:9400",
+    store: Annotated[
+        str | None,
+        typer.Option(
+            "--store", help="Results store URL (default: $DEPLOYKIT_STORE, else SQLite in the user data dir)."
+        ),
+    ] = None,
+    no_store: Annotated[bool, typer.Option("--no-store", help="Store no rows.")] = False,
+    api_key_env: Annotated[
+        str | None, typer.Option("--api-key-env", help="Environment variable holding the API key.")
+    ] = None,
+    timeout: Annotated[float | None, typer.Option("--timeout", help="Seconds per request.")] = None,
+    miss_limit: Annotated[
+        int,
+        typer.Option("--miss-limit", min=1, help="Runs in a row without an answer before /healthz says 503."),
+    ] = 5,
+) -> None:
+    """Send a rotation of cheap smoke cases every S seconds; /healthz turns 503 once the output is wrong."""
+    from deploykit.canary import CanaryOptions, run_canary
+
+    options = CanaryOptions(
+        url=url,
+        profile=profile,
+        model=model,
+        every_s=every,
+        listen=listen,
+        store_url=store,
+        store=not no_store,
+        api_key_env=api_key_env,
+        timeout_s=timeout,
+        miss_limit=miss_limit,
+    )
+
+    def say(line: str) -> None:
+        typer.echo(line)
+
+    raise typer.Exit(run_canary(options, say))
+
+
+def register(app: typer.Typer) -> None:
+    """Add `deploykit canary` to the app."""
+    app.command()(canary)
