@@ -180,10 +180,11 @@ def fixes(
 
 
 def _register_command_groups() -> None:
-    from deploykit.commands import render, serve
+    from deploykit.commands import render, serve, trace
 
     serve.register(app)
     render.register(app)
+    trace.register(app)
 
 
 _register_command_groups()

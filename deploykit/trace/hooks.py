@@ -232,7 +232,9 @@ def _step_requests(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[
     return [str(r) for r in scheduled], int(sum(int(n) for n in scheduled.values()))
 
 
-def _wrap_runner_method(runner: Any, name: str, on_enter: Callable[..., None], on_exit: Callable[[], None]) -> None:
+def _wrap_runner_method(
+    runner: Any, name: str, on_enter: Callable[..., None], on_exit: Callable[[], None]
+) -> None:
     original = getattr(runner, name)
 
     @functools.wraps(original)
@@ -257,7 +259,7 @@ def hook_runner(runner: Any, directory: Path, *, rank: int | None = None) -> Tra
             f"deploykit trace (vLLM {version}): the model runner {type(runner).__name__} has no "
             f"{', '.join(missing)}; cannot tell real requests from dummy runs"
         )
-    model = runner.get_model() if callable(getattr(runner, "get_model", None)) else getattr(runner, "model")
+    model = runner.get_model() if callable(getattr(runner, "get_model", None)) else runner.model
     if not isinstance(model, torch.nn.Module):
         raise TraceError(
             f"deploykit trace (vLLM {version}): the runner's model is a {type(model).__name__}, "
@@ -276,7 +278,9 @@ def hook_runner(runner: Any, directory: Path, *, rank: int | None = None) -> Tra
                 state.order = 0
                 state.pending.clear()
                 if 0 <= state.step < state.max_steps:
-                    state.emit({"kind": "step", "step": state.step, "requests": requests, "num_tokens": tokens})
+                    state.emit(
+                        {"kind": "step", "step": state.step, "requests": requests, "num_tokens": tokens}
+                    )
         state.real_depth += 1
 
     def exit_real() -> None:
@@ -303,7 +307,9 @@ def hook_runner(runner: Any, directory: Path, *, rank: int | None = None) -> Tra
         hooked += 1
     _wrap_compute_logits(model, state)
 
-    architectures = getattr(getattr(getattr(runner, "model_config", None), "hf_config", None), "architectures", None)
+    architectures = getattr(
+        getattr(getattr(runner, "model_config", None), "hf_config", None), "architectures", None
+    )
     first_param = next(model.parameters(), None)
     state.emit(
         {

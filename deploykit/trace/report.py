@@ -256,7 +256,9 @@ def _summarise_logits(lines: Sequence[LogitsLine]) -> LogitsSummary | None:
     )
 
 
-def suggest_fix(first: ModuleFinding, header: HeaderLine | None, lines: Sequence[ModuleLine]) -> SuggestedFix | None:
+def suggest_fix(
+    first: ModuleFinding, header: HeaderLine | None, lines: Sequence[ModuleLine]
+) -> SuggestedFix | None:
     """A shipped fix that targets the culprit module, with the evidence; None when none does."""
     enabled = set(header.fixes) if header else set()
     leaf = first.module.rsplit(".", 1)[-1]
@@ -286,7 +288,9 @@ def suggest_fix(first: ModuleFinding, header: HeaderLine | None, lines: Sequence
             (
                 ln
                 for ln in lines
-                if ln.module == f"{first.module}.base_layer" and ln.step == first.step and ln.rank == first.rank
+                if ln.module == f"{first.module}.base_layer"
+                and ln.step == first.step
+                and ln.rank == first.rank
             ),
             None,
         )
@@ -388,7 +392,9 @@ def analyse(
             "from finite inputs",
         )
         if suggested is not None and suggested.already_enabled:
-            findings.append(f"{suggested.name} targets this module and is already enabled, yet the fault remains")
+            findings.append(
+                f"{suggested.name} targets this module and is already enabled, yet the fault remains"
+            )
     elif not findings:
         findings.append(
             f"no module produced a non-finite value ({header.modules_hooked if header else 0} modules hooked, "
@@ -433,7 +439,9 @@ def _logits_finding(summary: LogitsSummary) -> str:
 
 
 def _describe(finding: ModuleFinding) -> list[str]:
-    lines = [f"{finding.module}  ({finding.class_name}, {finding.dtype}, shape {finding.shape}, rank {finding.rank})"]
+    lines = [
+        f"{finding.module}  ({finding.class_name}, {finding.dtype}, shape {finding.shape}, rank {finding.rank})"
+    ]
     bad = f"{finding.nonfinite} of {finding.numel} values non-finite (NaN {finding.nan}, Inf {finding.inf})"
     if finding.first_bad is not None:
         bad += f", first at token {finding.first_bad.token}, channel {finding.first_bad.channel}"
