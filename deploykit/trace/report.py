@@ -264,25 +264,25 @@ def suggest_fix(
     leaf = first.module.rsplit(".", 1)[-1]
     model = (header.model_class if header else "") + " " + " ".join(header.architectures if header else [])
     in_vision_embedder = "vision_embedder" in first.module or "embed_vision" in first.module
-    if leaf in ("patch_dense", "patch_ln2") and (in_vision_embedder or "Gemma4Unified" in model):
-        if first.dtype == "float16" or (header is not None and header.dtype == "float16"):
-            where = ""
-            if first.first_bad is not None:
-                where = f" (first at token {first.first_bad.token}, channel {first.first_bad.channel})"
-            peak = ""
-            if first.output_absmax is not None:
-                peak = f"; the finite part reaches {first.output_absmax:g}"
-                if first.fraction_of_dtype_max is not None:
-                    peak += f" ({first.fraction_of_dtype_max:.0%} of float16's 65504)"
-            evidence = (
-                f"{first.module} of a Gemma4 Unified vision embedder computes in float16 and overflowed: "
-                f"{first.inf} Inf / {first.nan} NaN of {first.numel} values{where} from finite inputs "
-                f"(absmax {first.input_absmax:g}){peak}. fp32_projection computes patch_dense and patch_ln2 "
-                "in FP32 (vLLM #48231)."
-            )
-            return SuggestedFix(
-                name="fp32_projection", evidence=evidence, already_enabled="fp32_projection" in enabled
-            )
+    half = first.dtype == "float16" or (header is not None and header.dtype == "float16")
+    if leaf in ("patch_dense", "patch_ln2") and (in_vision_embedder or "Gemma4Unified" in model) and half:
+        where = ""
+        if first.first_bad is not None:
+            where = f" (first at token {first.first_bad.token}, channel {first.first_bad.channel})"
+        peak = ""
+        if first.output_absmax is not None:
+            peak = f"; the finite part reaches {first.output_absmax:g}"
+            if first.fraction_of_dtype_max is not None:
+                peak += f" ({first.fraction_of_dtype_max:.0%} of float16's 65504)"
+        evidence = (
+            f"{first.module} of a Gemma4 Unified vision embedder computes in float16 and overflowed: "
+            f"{first.inf} Inf / {first.nan} NaN of {first.numel} values{where} from finite inputs "
+            f"(absmax {_num(first.input_absmax)}){peak}. fp32_projection computes patch_dense and patch_ln2 "
+            "in FP32 (vLLM #48231)."
+        )
+        return SuggestedFix(
+            name="fp32_projection", evidence=evidence, already_enabled="fp32_projection" in enabled
+        )
     if "LoRA" in first.class_name:
         base = next(
             (
@@ -342,8 +342,8 @@ def analyse(
     spread: list[ModuleFinding] = []
     findings: list[str] = []
     if first_line is not None:
-        request = step_request.get((first_line.rank, first_line.step))
-        first = _finding(first_line, request)
+        where = step_request.get((first_line.rank, first_line.step))
+        first = _finding(first_line, where)
         seen = {first_line.module}
         for ln in ordered:
             if len(spread) >= SPREAD_KEPT:
@@ -352,12 +352,11 @@ def analyse(
                 continue
             if not ln.output_finite and ln.module not in seen:
                 seen.add(ln.module)
-                spread.append(_finding(ln, request))
+                spread.append(_finding(ln, where))
     else:
         carried = next((ln for ln in ordered if not ln.output_finite), None)
         if carried is not None:
-            request = step_request.get((carried.rank, carried.step))
-            spread = [_finding(carried, request)]
+            spread = [_finding(carried, step_request.get((carried.rank, carried.step)))]
             findings.append(
                 f"non-finite values entered the model from outside any module: {carried.module} already got "
                 "non-finite inputs (check the request's inputs, e.g. pixel values, and the KV cache)"
@@ -387,9 +386,9 @@ def analyse(
     if first is not None:
         findings.insert(
             0,
-            f"first non-finite output: {first.module} ({first.class_name}, {first.dtype}) on rank {first.rank}, "
-            f"step {first.step}: {first.nonfinite} of {first.numel} values (NaN {first.nan}, Inf {first.inf}) "
-            "from finite inputs",
+            f"first non-finite output: {first.module} ({first.class_name}, {first.dtype}) "
+            f"on rank {first.rank}, step {first.step}: {first.nonfinite} of {first.numel} values "
+            f"(NaN {first.nan}, Inf {first.inf}) from finite inputs",
         )
         if suggested is not None and suggested.already_enabled:
             findings.append(
@@ -397,8 +396,8 @@ def analyse(
             )
     elif not findings:
         findings.append(
-            f"no module produced a non-finite value ({header.modules_hooked if header else 0} modules hooked, "
-            f"{len({(s.rank, s.step) for s in steps})} steps traced)"
+            f"no module produced a non-finite value ({header.modules_hooked if header else 0} modules "
+            f"hooked, {len({(s.rank, s.step) for s in steps})} steps traced)"
         )
     if first is None and summary is not None:
         findings.append(_logits_finding(summary))
@@ -440,7 +439,8 @@ def _logits_finding(summary: LogitsSummary) -> str:
 
 def _describe(finding: ModuleFinding) -> list[str]:
     lines = [
-        f"{finding.module}  ({finding.class_name}, {finding.dtype}, shape {finding.shape}, rank {finding.rank})"
+        f"{finding.module}  ({finding.class_name}, {finding.dtype}, shape {finding.shape}, "
+        f"rank {finding.rank})"
     ]
     bad = f"{finding.nonfinite} of {finding.numel} values non-finite (NaN {finding.nan}, Inf {finding.inf})"
     if finding.first_bad is not None:
@@ -480,7 +480,8 @@ def render_text(report: TraceReport) -> str:
         lg = report.logits
         out.append(
             f"logits: {lg.rows} rows x {lg.vocab}, non-finite {lg.nonfinite}, min {_num(lg.min)}, "
-            f"max {_num(lg.max)}, mean {_num(lg.mean)}, constant rows {lg.constant_rows}, argmax {lg.argmax[:8]}"
+            f"max {_num(lg.max)}, mean {_num(lg.mean)}, constant rows {lg.constant_rows}, "
+            f"argmax {lg.argmax[:8]}"
         )
     for request in report.requests:
         out.append(

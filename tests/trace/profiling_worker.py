@@ -21,5 +21,7 @@ class ProfilingCPUWorker(CPUWorker):  # type: ignore[misc]
     def determine_available_memory(self) -> Any:
         hidden, _ = self.model_runner._dummy_run(16, is_profile=True)
         bad = not bool(torch.isfinite(hidden).all())
-        logging.getLogger("vllm").warning("test worker: start-up dummy run, non-finite hidden states: %s", bad)
+        logging.getLogger("vllm").warning(
+            "test worker: start-up dummy run, non-finite hidden states: %s", bad
+        )
         return super().determine_available_memory()

@@ -117,7 +117,9 @@ def test_without_the_env_var_register_neither_imports_nor_hooks_anything() -> No
         "from deploykit import plugin; plugin.register()\n"
         "print('deploykit.trace.hooks' in sys.modules, 'torch' in sys.modules, 'vllm' in sys.modules)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
     assert out.stdout.split() == ["False", "False", "False"]
 
 

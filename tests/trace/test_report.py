@@ -129,8 +129,19 @@ def test_fp16_patch_dense_of_gemma4_unified_suggests_fp32_projection() -> None:
             header(model_class="Gemma4UnifiedForConditionalGeneration", dtype="float16"),
             step(0),
             mod(0, 0, "vision_embedder.patch_ln1", dtype="float16"),
-            mod(0, 1, name, ok=False, dtype="float16", cls="ColumnParallelLinear", inf=256, nan=0,
-                nonfinite=256, first_bad=[0, 1215], output_absmax=49248.0),
+            mod(
+                0,
+                1,
+                name,
+                ok=False,
+                dtype="float16",
+                cls="ColumnParallelLinear",
+                inf=256,
+                nan=0,
+                nonfinite=256,
+                first_bad=[0, 1215],
+                output_absmax=49248.0,
+            ),
             mod(0, 2, "vision_embedder.patch_ln2", ok=False, inputs_ok=False, dtype="float16"),
         )
     )

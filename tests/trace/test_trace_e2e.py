@@ -51,9 +51,9 @@ def test_final_norm_weight_inf_names_model_norm_through_the_cli(tiny_model_dir: 
     profile = write_profile(tmp_path, "trace-norm-inf", tiny_variant(tiny_model_dir, "norm-inf"))
     store = f"sqlite:///{tmp_path / 'results.sqlite'}"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    command = [str(Path(sys.executable).parent / "deploykit"), "trace", "--profile", str(profile)]
     run = subprocess.run(
-        [str(Path(sys.executable).parent / "deploykit"), "trace", "--profile", str(profile)]
-        + ["--format", "json", "--store", store],
+        [*command, "--format", "json", "--store", store],
         capture_output=True,
         text=True,
         env=env,
