@@ -127,8 +127,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         log_dir = Path(folder)
         for round_index in range(args.rounds):
-            base = untraced(args.max_tokens, log_dir)
-            trace = traced(args.max_tokens, log_dir)
+            # alternate the order: on a shared machine, load drifts between the two runs of a round
+            if round_index % 2:
+                trace = traced(args.max_tokens, log_dir)
+                base = untraced(args.max_tokens, log_dir)
+            else:
+                base = untraced(args.max_tokens, log_dir)
+                trace = traced(args.max_tokens, log_dir)
             rows.append((base, trace))
             print(
                 f"round {round_index + 1}: untraced {base['total_s']:.1f} s "
@@ -154,7 +159,7 @@ def main() -> None:
             f"Profile `{PROFILE}` (tiny Llama, {modules} modules hooked), the profile's smoke cases "
             f"(completion + chat, {args.max_tokens} tokens each), vLLM CPU build eager with "
             f"`--max-num-seqs 1` in both runs; median of {args.rounds} round(s) on a 2-core machine "
-            "shared with other work.",
+            "shared with other work (load average 6–10 during the runs; the order alternates per round).",
             "",
             "| | untraced | `deploykit trace` | ratio |",
             "|---|---|---|---|",
