@@ -32,7 +32,15 @@ def requested_fixes(value: str | None = None) -> list[str]:
 
 
 def register() -> None:
-    """Apply each fix named in DEPLOYKIT_FIXES once per process; fail loudly when one cannot apply."""
+    """Apply each fix named in DEPLOYKIT_FIXES once per process; fail loudly when one cannot apply.
+
+    With DEPLOYKIT_TRACE set (by `deploykit trace` only) also hook the model for the trace; unset, the
+    trace module is not even imported.
+    """
+    if os.environ.get("DEPLOYKIT_TRACE"):
+        from deploykit.trace.hooks import install
+
+        install()
     names = requested_fixes()
     if not names:
         return

@@ -38,7 +38,7 @@ class ResultRecord(BaseModel):
 
     id: int | None = None
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
-    command: Literal["serve", "smoke", "canary"] = "serve"
+    command: Literal["serve", "smoke", "canary", "trace"] = "serve"
     hostname: str = Field(default_factory=socket.gethostname)
     profile_name: str | None = None
     profile_id: str | None = None

@@ -8,7 +8,7 @@ import sys
 
 import typer
 
-from deploykit.cli import canary, fixes, plan, probe, profiles, render, serve
+from deploykit.cli import canary, fixes, plan, probe, profiles, render, serve, trace
 
 app = typer.Typer(
     name="deploykit",
@@ -18,7 +18,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 # Registration order is the order `deploykit --help` lists the commands in (groups after commands).
-for group in (profiles, probe, plan, fixes, serve, render, canary):
+for group in (profiles, probe, plan, fixes, serve, render, canary, trace):
     group.register(app)
 
 

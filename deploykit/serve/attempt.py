@@ -170,7 +170,7 @@ def _prepare_and_launch(attempt: Attempt, ui: ConsoleUI) -> None:
 
     attempt.stage = "model"
     build_started = time.monotonic()
-    _ensure_model(plan, profile.model.source, ui)
+    ensure_model(plan, profile.model.source, ui)
     attempt.mark("model_build_s", build_started)
 
     attempt.stage = "launch"
@@ -227,7 +227,7 @@ def _short_tail(tail: str, lines: int = 12) -> str:
     return "\n".join(tail.strip().splitlines()[-lines:])
 
 
-def _ensure_model(plan: Plan, source: str, ui: ConsoleUI) -> None:
+def ensure_model(plan: Plan, source: str, ui: ConsoleUI) -> None:
     """Build the builtin tiny model on first use (cached); a missing local path is vLLM's to report."""
     from deploykit.profile.schema import BUILTIN_PREFIX
 
