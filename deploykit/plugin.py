@@ -49,7 +49,10 @@ def register() -> None:
         logging.getLogger("vllm").info("deploykit: applied fix %s to %s (vLLM %s)", name, target, version)
     from deploykit import plugin_status
 
-    plugin_status.install(version)
+    try:
+        plugin_status.install(version)
+    except plugin_status.StatusRouteError as exc:  # a fix nobody can verify must not start either
+        raise FixError(str(exc)) from exc
 
 
 def applied_fixes() -> dict[str, str]:

@@ -31,6 +31,10 @@ ENDPOINT_NAME = "deploykit"
 _MARKER = "__deploykit_status__"
 
 
+class StatusRouteError(RuntimeError):
+    """vLLM's shape changed: the route cannot be added (the plugin turns it into a FixError)."""
+
+
 def process_record(rank: int | None = None) -> dict[str, Any]:
     """This process: its pid, its rank in the executor (workers only) and the fixes applied in it."""
     from deploykit.plugin import applied_fixes
@@ -105,14 +109,14 @@ class StatusEndpoint:
 
 
 def install(vllm_version: str) -> None:
-    """Add the engine-side RPC method and the route; raise FixError naming vLLM when its shape changed.
+    """Add the engine-side RPC method and the route; raise StatusRouteError naming vLLM when its shape
+    changed.
 
     Re-entrant: vLLM loads general plugins once per process, but tests may call this again.
     """
-    from deploykit.fixes.base import FixError
 
-    def changed(what: str) -> FixError:
-        return FixError(
+    def changed(what: str) -> StatusRouteError:
+        return StatusRouteError(
             f"deploykit's status route cannot be added to vLLM {vllm_version}: {what}; this deploykit "
             "supports the vLLM layout of 0.32 (vllm.plugins.load_endpoint_plugins, "
             "vllm.v1.worker.worker_base.WorkerWrapperBase)"
