@@ -144,19 +144,9 @@ def wheel_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name in ("deploykit", "profiles", "templates"):
         shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
     out = work / "wheels"
+    build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index"]
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "--no-index",
-            "-w",
-            str(out),
-        ]
-        + [str(src)],
+        [*build, "-w", str(out), str(src)],
         check=True,
         capture_output=True,
         timeout=300,
@@ -237,11 +227,12 @@ def test_stock_vllm_with_the_charts_plugin_install_runs_the_fix(
     stock_python: Path, wheel_dir: Path, rendered_chart: Path, tmp_path: Path
 ) -> None:
     plugin_dir = tmp_path / "deploykit-plugin"  # the emptyDir volume
+    local_index = "plugin.pipArgs=" + json.dumps(["--no-index", "--find-links", str(wheel_dir)])
     rendered = subprocess.run(
         [
             find_helm(), "template", "demo", str(rendered_chart),
             "--set", f"plugin.path={plugin_dir}",
-            "--set-json", json.dumps(["--no-index", "--find-links", str(wheel_dir)]).join(["plugin.pipArgs=", ""]),
+            "--set-json", local_index,
         ],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
