@@ -2,7 +2,8 @@
 
 vLLM calls `register()` in every process it starts (API server, engine core, workers), so it must be
 re-entrant and cheap. With DEPLOYKIT_FIXES unset or empty it does nothing at all: installing
-deploykit never changes another vLLM deployment.
+deploykit never changes another vLLM deployment. With fixes named, it applies them and adds
+`GET /deploykit/status`, which reports what the engine processes applied (`deploykit.plugin_status`).
 """
 
 from __future__ import annotations
@@ -54,6 +55,12 @@ def register() -> None:
         _applied[name] = target
         # vLLM configures the root handler; use its logger so the line lands in the server log.
         logging.getLogger("vllm").info("deploykit: applied fix %s to %s (vLLM %s)", name, target, version)
+    from deploykit import plugin_status
+
+    try:
+        plugin_status.install(version)
+    except plugin_status.StatusRouteError as exc:  # a fix nobody can verify must not start either
+        raise FixError(str(exc)) from exc
 
 
 def applied_fixes() -> dict[str, str]:

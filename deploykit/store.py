@@ -51,6 +51,11 @@ class ResultRecord(BaseModel):
     versions: dict[str, str | None] = Field(default_factory=dict)
     timings: dict[str, float | None] = Field(default_factory=dict)
     cases: list[CaseResult] = Field(default_factory=list)
+    fixes_active: dict[str, str] | None = Field(
+        default=None,
+        description="fix → patched target as GET /deploykit/status reported them ({} when deploykit's "
+        "plugin is not loaded); None when the server was not asked (the attempt ended earlier)",
+    )
     log_path: str | None = None
     log_tail: str = ""
 
@@ -80,7 +85,9 @@ def display_url(url: str) -> str:
 # --- schema -----------------------------------------------------------------------------------------
 
 
-def _results_table(metadata: sa.MetaData) -> sa.Table:
+def _results_table(metadata: sa.MetaData, *, schema_version: int | None = None) -> sa.Table:
+    """The results table as of `schema_version` (default: the newest); migrations build on older shapes."""
+    added_later = [sa.Column("fixes_active", sa.JSON)]  # migration 3
     return sa.Table(
         "results",
         metadata,
@@ -101,6 +108,7 @@ def _results_table(metadata: sa.MetaData) -> sa.Table:
         sa.Column("cases", sa.JSON, nullable=False),
         sa.Column("log_path", sa.Text),
         sa.Column("log_tail", sa.Text, nullable=False),
+        *(added_later if schema_version is None or schema_version >= 3 else []),
     )
 
 
@@ -123,18 +131,25 @@ class Migration:
 
 
 def _create_results(conn: sa.Connection) -> None:
-    _results_table(sa.MetaData()).create(conn)
+    _results_table(sa.MetaData(), schema_version=1).create(conn)
 
 
 def _index_for_listing(conn: sa.Connection) -> None:
-    table = _results_table(sa.MetaData())
+    table = _results_table(sa.MetaData(), schema_version=1)
     sa.Index("ix_results_created_at", table.c.created_at).create(conn)
     sa.Index("ix_results_profile", table.c.profile_name, table.c.profile_id).create(conn)
+
+
+def _add_fixes_active(conn: sa.Connection) -> None:
+    """Rows stored before it have NULL: the server was not asked which fixes were active."""
+    column_type = sa.JSON().compile(dialect=conn.dialect)
+    conn.exec_driver_sql(f"ALTER TABLE results ADD COLUMN fixes_active {column_type}")
 
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "results table", _create_results),
     Migration(2, "indexes for listing by time and profile", _index_for_listing),
+    Migration(3, "fixes active on the server (GET /deploykit/status)", _add_fixes_active),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

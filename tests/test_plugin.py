@@ -9,13 +9,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from deploykit import plugin
+from deploykit import plugin, plugin_status
 from deploykit.fixes.base import FixError
 
 
 @pytest.fixture(autouse=True)
 def _fresh_plugin_state(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(plugin, "_applied", {})
+    # The status route's hooks patch vLLM; tests/test_plugin_status.py covers them against a fake vLLM.
+    monkeypatch.setattr(plugin_status, "install", lambda version: None)
 
 
 def _counting_fix(calls: list[str], name: str) -> SimpleNamespace:

@@ -23,6 +23,7 @@ from deploykit.store import (
     ResultRecord,
     Store,
     StoreError,
+    _results_table,
     create_store_engine,
     default_store_url,
     display_url,
@@ -76,6 +77,7 @@ def full_record(profile: str = "demo-cpu", verdict: str = "pass") -> ResultRecor
         versions={"deploykit": "0.1.0", "vllm": "0.32.0+cpu", "torch": None},
         timings={"startup_s": 31.5, "case_completion_s": 0.42, "overhead_s": 0.2},
         cases=[case],
+        fixes_active={"device_penalties": "vllm.v1.worker.gpu_input_batch.InputBatch.no_penalties"},
         log_path="/tmp/x.log",
         log_tail="INFO started\nINFO done ✓",
     )
@@ -114,7 +116,12 @@ def test_an_old_store_is_migrated_and_keeps_its_rows(store_url: str) -> None:
     old = Store(create_store_engine(store_url), store_url)
     assert old.migrate(up_to=1) == [1]
     assert old.schema_version() == 1
-    kept = old.add(full_record(profile="from-v1"))
+    # A row as deploykit wrote it at schema version 1 (no fixes_active column yet).
+    v1_table = _results_table(sa.MetaData(), schema_version=1)
+    row = full_record(profile="from-v1").model_dump(mode="json", exclude={"id", "fixes_active"})
+    row["created_at"] = datetime.now(UTC)
+    with old.engine.begin() as conn:
+        kept = int(conn.execute(sa.insert(v1_table).values(**row).returning(v1_table.c.id)).scalar_one())
     with old.engine.connect() as conn:
         assert not sa.inspect(conn).get_indexes("results")
     old.close()
@@ -123,6 +130,9 @@ def test_an_old_store_is_migrated_and_keeps_its_rows(store_url: str) -> None:
     assert upgraded.schema_version() == SCHEMA_VERSION
     record = upgraded.get(kept)
     assert record is not None and record.profile_name == "from-v1"
+    assert record.fixes_active is None  # stored before the server was asked
+    new = upgraded.get(upgraded.add(full_record(profile="after")))
+    assert new is not None and new.fixes_active == full_record().fixes_active
     with upgraded.engine.connect() as conn:
         names = {index["name"] for index in sa.inspect(conn).get_indexes("results")}
     assert {"ix_results_created_at", "ix_results_profile"} <= names

@@ -95,13 +95,23 @@ def running_vllm(
     served_name: str = "tiny",
     env: Mapping[str, str] | None = None,
     log_dir: Path | None = None,
+    vllm_command: Sequence[str] | None = None,
+    drop_env: Sequence[str] = (),
 ) -> Iterator[RunningServer]:
-    """A real vLLM server for the duration of the block. The log is kept for post-mortems."""
+    """A real vLLM server for the duration of the block. The log is kept for post-mortems.
+
+    `vllm_command` replaces `[.venv/bin/vllm]` (e.g. another Python's `-m vllm.entrypoints.cli.main`);
+    `drop_env` names variables the server must not inherit from the test process (PYTHONPATH, say)."""
     port = free_port()
     log_dir = log_dir or REPO / ".deploykit-cache" / "test-logs"
     log_path = log_dir / f"vllm-{port}-{int(time.time())}.log"
-    argv = [vllm_executable(), "serve", *serve_args, "--host", "127.0.0.1", "--port", str(port)]
-    process = start_server(argv, base_env(env), log_path=log_path, host="127.0.0.1", port=port)
+    command = list(vllm_command) if vllm_command is not None else [vllm_executable()]
+    argv = [*command, "serve", *serve_args, "--host", "127.0.0.1", "--port", str(port)]
+    server_env = base_env(env)
+    for name in drop_env:
+        if name not in (env or {}):
+            server_env.pop(name, None)
+    process = start_server(argv, server_env, log_path=log_path, host="127.0.0.1", port=port)
     try:
         try:
             startup = process.wait_healthy(STARTUP_TIMEOUT_S)

@@ -47,6 +47,12 @@ def plan(
     if format is PlanFormat.json:
         typer.echo(result.model_dump_json(indent=2))
     elif format is PlanFormat.shell:
+        from deploykit import __version__
+
+        typer.echo(
+            f"# Needs deploykit {__version__} installed beside vLLM (same Python environment): its plugin "
+            "applies DEPLOYKIT_FIXES"
+        )
         typer.echo(result.shell())
     else:
         from deploykit.cli.report import print_plan

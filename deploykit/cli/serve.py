@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from deploykit.cli.options import FixOption, FormatOption, ProfileOption, TableOrJson
+from deploykit.cli.options import FactsOption, FixOption, FormatOption, ProfileOption, TableOrJson
 
 if TYPE_CHECKING:
     from deploykit.store import ResultRecord
@@ -76,13 +76,34 @@ def smoke(
     timeout: Annotated[float | None, typer.Option("--timeout", help="Seconds per request.")] = None,
     store: StoreOption = None,
     no_store: Annotated[bool, typer.Option("--no-store", help="Do not record this attempt.")] = False,
+    expect_fixes: Annotated[
+        str | None,
+        typer.Option(
+            "--expect-fixes",
+            metavar="NAME[,NAME]",
+            help="Fixes that must be active on the server (GET /deploykit/status), or `none` "
+            "(default: the fixes the plan of --profile enables on --facts, else none).",
+        ),
+    ] = None,
+    facts: FactsOption = None,
 ) -> None:
-    """Run the smoke cases against a server that is already running (local or remote)."""
+    """Run the smoke cases against a server that is already running (local or remote), and check that
+    the planned fixes are active on it."""
     from deploykit.serve.remote_smoke import SmokeOptions, run_remote_smoke
 
     if profile is None and model is None:
         typer.echo("deploykit smoke: give --profile P or --model NAME", err=True)
         raise typer.Exit(2)
+    expected = None
+    if expect_fixes is not None:
+        from deploykit.fix_check import parse_expect_fixes
+        from deploykit.plan import FIX_NAMES
+
+        try:
+            expected = parse_expect_fixes(expect_fixes, FIX_NAMES)
+        except ValueError as exc:
+            typer.echo(f"deploykit smoke: {exc}", err=True)
+            raise typer.Exit(2) from None
     options = SmokeOptions(
         url=url,
         profile=profile,
@@ -91,6 +112,8 @@ def smoke(
         timeout_s=timeout,
         store_url=store,
         store=not no_store,
+        expect_fixes=expected,
+        facts=str(facts) if facts is not None else None,
     )
     raise typer.Exit(run_remote_smoke(options))
 
@@ -174,6 +197,9 @@ def _print_record(record: ResultRecord) -> None:
         if env:
             console.print("env " + " ".join(f"{k}={v}" for k, v in env.items()), markup=False)
     console.print("timings " + "  ".join(f"{k} {v}" for k, v in record.timings.items()))
+    if record.fixes_active is not None:
+        active = ", ".join(f"{name} ({target})" for name, target in record.fixes_active.items())
+        console.print(f"fixes active on the server: {active or 'none'}", markup=False)
     if record.cases:
         table = Table("case", "model", "ok", "latency", "tok/s", "finish", "first ids", "diagnosis")
         for case in record.cases:

@@ -39,6 +39,8 @@ LABEL_FAMILY = "nvidia.com/gpu.family"
 GFD_FAMILIES = {"ada": "ada-lovelace"}
 PROBE_PERIOD_S = 10
 SMOKE_IMAGE = "deploykit:0.1.0"
+# Where the init container installs deploykit's plugin; the vLLM container has it on PYTHONPATH.
+PLUGIN_PATH = "/opt/deploykit"
 
 
 class _BlockDumper(yaml.SafeDumper):
@@ -135,6 +137,19 @@ def smoke_secret_env(plan: Plan, loaded: LoadedProfile) -> dict[str, str]:
     return {api_key_env: "VLLM_API_KEY"}
 
 
+def plugin_values(plan: Plan) -> dict[str, Any]:
+    """The init container that installs deploykit's plugin (only when the plan enables a fix)."""
+    from deploykit import __version__
+
+    return {
+        "enabled": bool(plan.enabled_fixes),
+        "image": "",
+        "requirement": f"deploykit=={__version__}",
+        "pipArgs": [],
+        "path": PLUGIN_PATH,
+    }
+
+
 def chart_values(plan: Plan, loaded: LoadedProfile) -> tuple[dict[str, Any], list[str]]:
     from deploykit import __version__
 
@@ -165,10 +180,12 @@ def chart_values(plan: Plan, loaded: LoadedProfile) -> tuple[dict[str, Any], lis
         ),
         "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
         "probes": probes(profile.deploy.startup_timeout_s),
+        "plugin": plugin_values(plan),
         "smokeTest": {
             "image": SMOKE_IMAGE,
             "pullPolicy": "IfNotPresent",
             "secretEnv": smoke_secret_env(plan, loaded),
+            "expectFixes": ",".join(plan.enabled_fixes) or "none",
         },
         "profileYaml": loaded.path.read_text(),
         "deploykit": {"profile": profile.name, "profileId": loaded.id, "version": __version__},

@@ -141,12 +141,54 @@ def smoke_ip_allow(loaded: LoadedProfile) -> str:
     return f"localhost {address}"
 
 
+_ENTRY_POINT_PROBE = (
+    "import json\nfrom importlib.metadata import entry_points\n"
+    "print(json.dumps([[e.name, e.value] for e in entry_points(group='vllm.general_plugins')]))"
+)
+PLUGIN_ENTRY_POINT = ("deploykit", "deploykit.plugin:register")
+
+
+def check_prefix_sees_plugin(prefix: Path) -> None:
+    """When `prefix` exists here, its Python must see deploykit's `vllm.general_plugins` entry point.
+
+    Run isolated (`-I`: no PYTHONPATH, no user site), as the unit runs it; a prefix that does not exist on
+    this host is the target host's business, so nothing is checked.
+    """
+    import json
+    import subprocess
+
+    if not prefix.exists():
+        return
+    python = prefix / "bin" / "python"
+    if not python.exists():
+        raise RenderError(f"--prefix {prefix}: there is no {python}; give the environment vLLM runs from")
+    try:
+        done = subprocess.run(
+            [str(python), "-I", "-c", _ENTRY_POINT_PROBE], capture_output=True, text=True, timeout=60
+        )
+        found = [tuple(item) for item in json.loads(done.stdout)] if done.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
+        raise RenderError(f"--prefix {prefix}: cannot run {python}: {exc}") from exc
+    if found is None:
+        raise RenderError(f"--prefix {prefix}: {python} failed: {done.stderr.strip()[-300:]}")
+    if PLUGIN_ENTRY_POINT not in found:
+        from deploykit import __version__
+
+        raise RenderError(
+            f"--prefix {prefix}: its Python does not see deploykit's vLLM plugin (entry point "
+            f"vllm.general_plugins {PLUGIN_ENTRY_POINT[0]} = {PLUGIN_ENTRY_POINT[1]}), so vLLM there would "
+            f"ignore DEPLOYKIT_FIXES and serve without the planned fixes. Install deploykit beside vLLM: "
+            f"{prefix}/bin/python -m pip install deploykit=={__version__}"
+        )
+
+
 def render_systemd(plan: Plan, loaded: LoadedProfile, options: SystemdOptions) -> RenderResult:
     from deploykit import __version__
 
     profile = loaded.profile
     if plan.argv[:2] != ["vllm", "serve"]:
         raise RenderError(f"the plan's argv does not start with `vllm serve`: {plan.argv[:2]}")
+    check_prefix_sees_plugin(options.prefix)
     unit = unit_name(loaded)
     smoke_unit = f"{unit}-smoke"
     state_dir_name = unit
@@ -172,6 +214,8 @@ def render_systemd(plan: Plan, loaded: LoadedProfile, options: SystemdOptions) -
         str(profile.deploy.startup_timeout_s),
     ]
     smoke_argv = [str(bin_dir / "deploykit"), "smoke", "--url", url, "--profile", profile_file]
+    # The plan's fixes must be active in vLLM's engine (GET /deploykit/status), or the smoke fails.
+    smoke_argv += ["--expect-fixes", ",".join(plan.enabled_fixes) or "none"]
     if "VLLM_API_KEY" in plan.secret_env:
         smoke_argv += ["--api-key-env", "VLLM_API_KEY"]  # the server's key, from the same secrets file
     smoke_timeout = int(profile.smoke.timeout_s) * 6 + START_TIMEOUT_MARGIN_S

@@ -80,6 +80,7 @@ class Attempt:
     facts: dict[str, Any] | None = None
     versions: dict[str, str | None] = field(default_factory=dict)
     secrets: list[str] = field(default_factory=list)
+    fixes_active: dict[str, str] | None = None
 
     def mark(self, key: str, since: float) -> None:
         self.timings[key] = round(time.monotonic() - since, 4)
@@ -244,7 +245,8 @@ def ensure_model(plan: Plan, source: str, ui: ConsoleUI) -> None:
 
 
 def _smoke(attempt: Attempt, ui: ConsoleUI) -> SmokeReport:
-    from deploykit.smoke import derive_cases, run_smoke, smoke_requests, special_token_ids
+    from deploykit.fix_check import fix_case, read_status
+    from deploykit.smoke import derive_cases, run_smoke, smoke_requests, special_token_ids, summarise
 
     assert attempt.loaded is not None and attempt.plan is not None and attempt.base_url is not None
     profile = attempt.loaded.profile
@@ -261,6 +263,14 @@ def _smoke(attempt: Attempt, ui: ConsoleUI) -> SmokeReport:
         special_ids=special_token_ids(attempt.plan.model_path),
         on_case=ui.case,
     )
+    # The plan's fixes must be active in the engine: GET /deploykit/status (deploykit.plugin_status).
+    status = read_status(attempt.base_url, timeout_s=min(profile.smoke.timeout_s, 60.0), api_key=api_key)
+    attempt.fixes_active = status.fixes_active
+    expected = attempt.plan.enabled_fixes
+    if expected:
+        case = fix_case(expected, status)
+        ui.case(case)
+        report = summarise([*report.cases, case], report.elapsed_s)
     attempt.report = report
     attempt.timings["smoke_s"] = round(report.elapsed_s, 4)
     attempt.timings["requests_s"] = round(sum(case.latency_s for case in report.cases), 4)
@@ -299,6 +309,7 @@ def _record(attempt: Attempt, verdict: str, diagnosis: str) -> ResultRecord:
         versions=attempt.versions or {"deploykit": deploykit_version()},
         timings=attempt.timings,
         cases=attempt.report.cases if attempt.report else [],
+        fixes_active=attempt.fixes_active,
         log_path=str(attempt.server.log_path) if attempt.server else None,
         log_tail=redact(log_tail, attempt.secrets),
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
@@ -19,6 +20,9 @@ from deploykit.serve.helpers import (
     store_record,
 )
 
+if TYPE_CHECKING:
+    from deploykit.profile.schema import LoadedProfile
+
 
 class SmokeOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -30,14 +34,34 @@ class SmokeOptions(BaseModel):
     timeout_s: float | None = None
     store_url: str | None = None
     store: bool = True
+    expect_fixes: list[str] | None = None
+    """The fixes that must be active on the server; None: the plan's (`profile` and `facts`), else none."""
+    facts: str | None = None
+    """A saved probe of the server's machine, for the plan's fixes (default: probe this machine)."""
+
+
+def planned_fixes(loaded: LoadedProfile, facts_file: str | None) -> list[str]:
+    """The fixes the plan enables for the profile on the server's GPU (a saved probe, or this machine)."""
+    from deploykit.plan import make_plan
+    from deploykit.probe.load import ProbeError, load_facts, probe
+
+    try:
+        facts = load_facts(facts_file) if facts_file else probe()
+    except ProbeError as exc:
+        raise ServeFailure("plan", str(exc)) from None
+    plan = make_plan(loaded, facts)
+    if plan.errors:
+        raise ServeFailure("plan", "the plan has errors: " + "; ".join(plan.errors))
+    return plan.enabled_fixes
 
 
 def run_remote_smoke(options: SmokeOptions, ui: ConsoleUI | None = None) -> int:
     """Smoke a server that is already running; stores one row unless told not to."""
+    from deploykit.fix_check import fix_case, read_status
     from deploykit.plan import resolve_model_path
     from deploykit.profile.load import load_profile
     from deploykit.profile.schema import ProfileError, SmokeCase
-    from deploykit.smoke import derive_cases, run_smoke, smoke_requests, special_token_ids
+    from deploykit.smoke import derive_cases, run_smoke, smoke_requests, special_token_ids, summarise
     from deploykit.store import ResultRecord
 
     ui = ui or ConsoleUI(quiet=True)
@@ -59,12 +83,18 @@ def run_remote_smoke(options: SmokeOptions, ui: ConsoleUI | None = None) -> int:
             timeout = options.timeout_s or profile.smoke.timeout_s
             key_env = options.api_key_env or profile.serve.api_key_env
             special = special_token_ids(resolve_model_path(profile))
+            expected = (
+                options.expect_fixes
+                if options.expect_fixes is not None
+                else planned_fixes(loaded, options.facts)
+            )
         elif options.model is not None:
             record.profile_name = None
             requests = smoke_requests([SmokeCase(kind="completion"), SmokeCase(kind="chat")], options.model)
             timeout = options.timeout_s or 120.0
             key_env = options.api_key_env
             special = frozenset()
+            expected = options.expect_fixes or []
         else:
             raise ServeFailure("profile", "give --profile P or --model NAME")
         api_key = None
@@ -77,6 +107,12 @@ def run_remote_smoke(options: SmokeOptions, ui: ConsoleUI | None = None) -> int:
         report = run_smoke(
             options.url, requests, timeout_s=timeout, api_key=api_key, special_ids=special, on_case=ui.case
         )
+        status = read_status(options.url, timeout_s=min(timeout, 60.0), api_key=api_key)
+        record.fixes_active = status.fixes_active
+        if expected:
+            case = fix_case(expected, status)
+            ui.case(case)
+            report = summarise([*report.cases, case], report.elapsed_s)
         record.verdict = "pass" if report.passed else "fail"
         record.stage = "done"
         record.diagnosis = report.diagnosis

@@ -350,7 +350,16 @@ def test_helm_test_hook_runs_smoke_against_the_service(charts: dict[str, Chart])
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
     command = pod["spec"]["containers"][0]["command"]
     url = f"http://{service['metadata']['name']}:{service['spec']['ports'][0]['port']}"
-    assert command == ["deploykit", "smoke", "--url", url, "--profile", "/etc/deploykit/profile.yaml"]
+    assert command == [
+        "deploykit",
+        "smoke",
+        "--url",
+        url,
+        "--profile",
+        "/etc/deploykit/profile.yaml",
+        "--expect-fixes",
+        "fp32_projection",  # the plan's fixes: a pod without them fails its test
+    ]
     env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
     assert env["DEPLOYKIT_API_KEY"]["valueFrom"]["secretKeyRef"]["key"] == "VLLM_API_KEY"
     config_map = chart.one("ConfigMap")
@@ -396,7 +405,8 @@ def test_plan_shell_systemd_and_chart_agree(
     shell = deploykit(
         "plan", "-p", str(profile), "--facts", str(turing_facts), "--format", "shell", "--no-validate"
     ).stdout
-    words = shlex.split(shell)
+    assert shell.splitlines()[0].startswith("# Needs deploykit ") and "beside vLLM" in shell.splitlines()[0]
+    words = shlex.split(shell, comments=True)
     shell_argv = words[words.index("vllm") :]
     deploykit(
         "render",
@@ -416,3 +426,69 @@ def test_plan_shell_systemd_and_chart_agree(
     chart_argv = charts["turing"].one("Deployment")["spec"]["template"]["spec"]["containers"][0]["command"]
     assert shell_argv == chart_argv == ["vllm", *unit_argv[1:]]
     assert "DEPLOYKIT_FIXES=fp32_projection" in words
+
+
+def plugin_init_container(chart: Chart) -> dict[str, Any]:
+    spec = chart.one("Deployment")["spec"]["template"]["spec"]
+    (init,) = spec["initContainers"]
+    return init
+
+
+def test_fixes_reach_the_pod_through_the_plugin_init_container(charts: dict[str, Chart]) -> None:
+    """The stock vLLM image has no deploykit: an init container of the same image pip-installs the plugin
+    alone (--no-deps) into a volume that the vLLM container mounts and puts on PYTHONPATH."""
+    for name, fixes in (("turing", "fp32_projection"), ("hopper", "matmul_lora")):
+        chart = charts[name]
+        spec = chart.one("Deployment")["spec"]["template"]["spec"]
+        init = plugin_init_container(chart)
+        vllm = spec["containers"][0]
+        assert init["image"] == vllm["image"]  # the profile's vLLM image: no hand-made image step
+        assert init["command"] == [
+            "python3",
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-cache-dir",
+            "--disable-pip-version-check",
+            "--target",
+            "/opt/deploykit",
+            f"deploykit=={chart.values['deploykit']['version']}",
+        ]
+        env = {e["name"]: e.get("value") for e in vllm["env"]}
+        assert env["PYTHONPATH"] == "/opt/deploykit" and env["DEPLOYKIT_FIXES"] == fixes
+        mounts = {m["name"]: m for m in vllm["volumeMounts"]}
+        assert (
+            mounts["deploykit-plugin"]["mountPath"] == "/opt/deploykit"
+            and mounts["deploykit-plugin"]["readOnly"]
+        )
+        assert init["volumeMounts"] == [{"name": "deploykit-plugin", "mountPath": "/opt/deploykit"}]
+        assert {"name": "deploykit-plugin", "emptyDir": {}} in spec["volumes"]
+        assert chart.one("Pod")["spec"]["containers"][0]["command"][-2:] == ["--expect-fixes", fixes]
+
+
+def test_a_plan_without_fixes_installs_no_plugin_and_expects_none(charts: dict[str, Chart]) -> None:
+    chart = charts["cpu"]
+    spec = chart.one("Deployment")["spec"]["template"]["spec"]
+    assert "initContainers" not in spec
+    assert "PYTHONPATH" not in {e["name"] for e in spec["containers"][0]["env"]}
+    assert chart.one("Pod")["spec"]["containers"][0]["command"][-2:] == ["--expect-fixes", "none"]
+
+
+def test_plugin_index_and_image_are_values(charts: dict[str, Chart]) -> None:
+    """A cluster without PyPI points pip at its own index; a separate installer image is one value away."""
+    chart = charts["turing"]
+    manifests = template(
+        chart.root,
+        "--set-json",
+        'plugin.pipArgs=["--index-url","https://pypi.internal/simple"]',
+        "--set",
+        "plugin.image=python:3.12-slim",
+    )
+    (deployment,) = [d for d in manifests if d["kind"] == "Deployment"]
+    (init,) = deployment["spec"]["template"]["spec"]["initContainers"]
+    assert init["image"] == "python:3.12-slim"
+    assert init["command"][-3:] == ["--index-url", "https://pypi.internal/simple", init["command"][-1]]
+    for version in KUBERNETES_VERSIONS:
+        for manifest in manifests:
+            kubernetes_validate.validate(manifest, version, strict=True)

@@ -268,6 +268,8 @@ def test_smoke_companion_runs_after_the_server_with_the_profile(
         "http://127.0.0.1:8000",
         "--profile",
         "/etc/deploykit/gemma4-turing.yaml",
+        "--expect-fixes",
+        "fp32_projection",  # the plan's fixes: the companion fails when the server does not run them
         "--api-key-env",
         "VLLM_API_KEY",
     ]
@@ -334,3 +336,21 @@ def test_a_planted_secret_never_reaches_a_rendered_file(turing_facts: Path, tmp_
     for path in tmp_path.iterdir():
         assert planted not in path.read_text(), path.name
     assert planted not in result.stdout + result.stderr
+
+
+def test_a_prefix_without_deploykits_plugin_is_refused(turing_facts: Path, tmp_path: Path) -> None:
+    """A Python environment that exists here but cannot load deploykit's plugin would run vLLM without the
+    planned fixes: render refuses it, saying how to install deploykit there. A prefix that is not on this
+    host (rendering for another machine) is not checked."""
+    import venv
+
+    bare = tmp_path / "bare-env"
+    venv.create(bare, with_pip=False)  # a Python without deploykit (nor anything else)
+    args = ["render", "systemd", "-p", "gemma4-turing", "--facts", str(turing_facts)]
+    refused = deploykit(*args, "--out", str(tmp_path / "out"), "--prefix", str(bare), check=False)
+    assert refused.returncode == 2
+    assert "does not see deploykit's vLLM plugin" in refused.stderr
+    assert f"{bare}/bin/python -m pip install deploykit==" in refused.stderr
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+    elsewhere = deploykit(*args, "--out", str(tmp_path / "other"), "--prefix", "/opt/not-on-this-host")
+    assert "deploykit-gemma4-turing.service" in elsewhere.stdout

@@ -1,0 +1,135 @@
+"""Smoke's fix check: read `GET /deploykit/status` from a running server and compare it with the fixes the
+plan expects. A planned fix that is not active fails the verdict, naming the fix and the likely cause.
+
+The server side is `deploykit.plugin_status` (it runs inside vLLM); this side only speaks HTTP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from deploykit.plugin_status import STATUS_PATH as STATUS_PATH
+from deploykit.smoke import CaseResult
+
+CASE_NAME = "fixes"
+NONE_WORD = "none"
+PLUGIN_NOT_LOADED = "deploykit's plugin is not loaded by this server"
+
+
+class ServerFixStatus(BaseModel):
+    """What the status route said: `route` is ok, missing (404: no plugin) or error (unreachable, 5xx)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    route: Literal["ok", "missing", "error"]
+    http_status: int | None = None
+    fixes_requested: list[str] = Field(default_factory=list)
+    fixes_active: dict[str, str] | None = Field(
+        default=None, description="fix → patched target; {} when the plugin is not loaded; None if unknown"
+    )
+    engine_error: str | None = None
+    detail: str = ""
+    latency_s: float = 0.0
+
+
+def parse_expect_fixes(text: str, known: Iterable[str]) -> list[str]:
+    """`NAME[,NAME]` (or `none`) → names; an unknown name raises ValueError naming the known ones."""
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if names == [NONE_WORD]:
+        return []
+    known_names = list(known)
+    unknown = [name for name in names if name not in known_names]
+    if unknown:
+        raise ValueError(
+            f"--expect-fixes names unknown fix(es) {', '.join(unknown)}; known fixes: "
+            f"{', '.join(known_names)} (or `{NONE_WORD}`)"
+        )
+    return list(dict.fromkeys(names))
+
+
+def read_status(base_url: str, *, timeout_s: float = 30.0, api_key: str | None = None) -> ServerFixStatus:
+    """GET the status route; never raises for HTTP trouble."""
+    import time
+
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    started = time.monotonic()
+    try:
+        response = httpx.get(base_url.rstrip("/") + STATUS_PATH, headers=headers, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        return ServerFixStatus(
+            route="error", detail=f"{type(exc).__name__}: {exc}", latency_s=time.monotonic() - started
+        )
+    elapsed = time.monotonic() - started
+    if response.status_code == 404:
+        return ServerFixStatus(route="missing", http_status=404, fixes_active={}, latency_s=elapsed)
+    try:
+        body: Any = response.json()
+    except ValueError:
+        body = None
+    if response.status_code != 200 or not isinstance(body, dict):
+        return ServerFixStatus(
+            route="error",
+            http_status=response.status_code,
+            detail=f"HTTP {response.status_code}: {response.text[:200]}",
+            latency_s=elapsed,
+        )
+    active = body.get("fixes_active")
+    return ServerFixStatus(
+        route="ok",
+        http_status=200,
+        fixes_requested=[str(n) for n in body.get("fixes_requested") or []],
+        fixes_active={str(k): str(v) for k, v in active.items()} if isinstance(active, dict) else {},
+        engine_error=body.get("engine_error"),
+        latency_s=elapsed,
+    )
+
+
+def missing_fix_causes(expected: Sequence[str], status: ServerFixStatus) -> dict[str, str]:
+    """Each expected fix that is not active → the likely cause, in words."""
+    if status.route == "missing":
+        cause = (
+            f"{PLUGIN_NOT_LOADED} (GET {STATUS_PATH} answered 404): install deploykit beside vLLM "
+            "(docs/deploy.md) and start vLLM with DEPLOYKIT_FIXES naming the fix"
+        )
+        return dict.fromkeys(expected, cause)
+    if status.route == "error":
+        return dict.fromkeys(expected, f"the status route could not be read: {status.detail}")
+    active = status.fixes_active or {}
+    causes = {}
+    for name in expected:
+        if name in active:
+            continue
+        if name not in status.fixes_requested:
+            requested = ",".join(status.fixes_requested) or "(empty)"
+            causes[name] = f"not requested: the server's DEPLOYKIT_FIXES is {requested}"
+        elif status.engine_error:
+            causes[name] = f"requested, but the engine did not answer: {status.engine_error}"
+        else:
+            causes[name] = "requested, but not every engine worker reports it applied"
+    return causes
+
+
+def fix_case(expected: Sequence[str], status: ServerFixStatus) -> CaseResult:
+    """The fix check as one smoke case, so it lands in the verdict and the stored row like the others."""
+    causes = missing_fix_causes(expected, status)
+    if causes:
+        diagnosis = "expected fix(es) not active: " + "; ".join(f"{n}: {why}" for n, why in causes.items())
+    else:
+        diagnosis = ""
+    active = status.fixes_active or {}
+    return CaseResult(
+        name=CASE_NAME,
+        kind=CASE_NAME,
+        endpoint=STATUS_PATH,
+        model="-",
+        passed=not causes,
+        diagnosis=diagnosis,
+        http_status=status.http_status,
+        latency_s=round(status.latency_s, 4),
+        text=", ".join(f"{n} → {t}" for n, t in active.items()) or None,
+    )
