@@ -9,6 +9,7 @@ import sys
 import typer
 
 from deploykit.cli import fixes, plan, probe, profiles, render, serve
+from deploykit.errors import DeploykitError
 
 app = typer.Typer(
     name="deploykit",
@@ -22,9 +23,20 @@ for group in (profiles, probe, plan, fixes, serve, render):
     group.register(app)
 
 
+def report_error(exc: DeploykitError) -> int:
+    """The one place a user-caused failure is printed: its details (a profile's located issues), then one
+    line naming the problem and the way out. Returns the exit code."""
+    for line in exc.details:
+        typer.echo(line, err=True)
+    typer.echo(f"deploykit: {exc.message}", err=True)
+    return exc.exit_code
+
+
 def main() -> None:
     try:
         app()
+    except DeploykitError as exc:
+        sys.exit(report_error(exc))
     except KeyboardInterrupt:
         sys.exit(130)
     finally:

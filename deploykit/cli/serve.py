@@ -35,7 +35,8 @@ def serve(
         bool, typer.Option("--check", help="Stop after the verdict: exit 0 when it passes, 1 when not.")
     ] = False,
     port: Annotated[
-        int | None, typer.Option("--port", help="Serve on this port instead of the profile's.")
+        int | None,
+        typer.Option("--port", min=1, max=65535, help="Serve on this port (1-65535), not the profile's."),
     ] = None,
     store: StoreOption = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Keep vLLM's log in its file only.")] = False,
@@ -78,11 +79,14 @@ def smoke(
     no_store: Annotated[bool, typer.Option("--no-store", help="Do not record this attempt.")] = False,
 ) -> None:
     """Run the smoke cases against a server that is already running (local or remote)."""
+    from deploykit.cli.options import fail
     from deploykit.serve.remote_smoke import SmokeOptions, run_remote_smoke
 
     if profile is None and model is None:
-        typer.echo("deploykit smoke: give --profile P or --model NAME", err=True)
-        raise typer.Exit(2)
+        fail("smoke: give --profile P or --model NAME")
+    if timeout is not None and not timeout > 0:  # also refuses nan
+        fail(f"smoke: --timeout {timeout}: must be a positive number of seconds per request")
+    check_url(url)
     options = SmokeOptions(
         url=url,
         profile=profile,
@@ -98,7 +102,7 @@ def smoke(
 @results_app.command("list")
 def results_list(
     store: StoreOption = None,
-    limit: Annotated[int, typer.Option("--limit", "-n", help="How many, newest first.")] = 20,
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="How many, newest first.")] = 20,
     profile: Annotated[str | None, typer.Option("--profile", help="Only this profile name.")] = None,
     format: FormatOption = TableOrJson.table,
 ) -> None:
@@ -202,6 +206,23 @@ def _seconds(value: float | None) -> str:
 def _shorten(text: str, width: int) -> str:
     text = " ".join(text.split())
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def check_url(url: str) -> None:
+    """`--url` must be an http(s) URL with a host and, when it names one, a port in 1-65535."""
+    from urllib.parse import urlsplit
+
+    from deploykit.cli.options import fail
+
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        fail(f"smoke: --url {url!r}: {exc} (ports are 1-65535)")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        fail(f"smoke: --url {url!r}: expected http://HOST:PORT, e.g. http://127.0.0.1:8000")
+    if port == 0:
+        fail(f"smoke: --url {url!r}: port 0 is not a port a server listens on (ports are 1-65535)")
 
 
 def register(app: typer.Typer) -> None:

@@ -197,6 +197,17 @@ class ProfileError(errors.ProfileError):
         self.issues = issues
         super().__init__("\n".join(str(issue) for issue in issues))
 
+    @property
+    def details(self) -> list[str]:
+        return [str(issue) for issue in self.issues] if len(self.issues) > 1 else []
+
+    @property
+    def message(self) -> str:
+        if len(self.issues) == 1:
+            return str(self.issues[0])
+        where = self.issues[0].file if self.issues else "the profile"
+        return f"{len(self.issues)} problems in profile {where} (listed above); fix them and run again"
+
 
 @dataclass(frozen=True)
 class LoadedProfile:
