@@ -5,22 +5,13 @@ from __future__ import annotations
 
 import gc
 import sys
+from typing import Any
 
 import typer
+from typer.core import TyperGroup
 
 from deploykit.cli import fixes, plan, probe, profiles, render, serve
 from deploykit.errors import DeploykitError
-
-app = typer.Typer(
-    name="deploykit",
-    help="Make a vLLM deployment correct on the GPU it lands on: probe → profile → plan → serve → render.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-# Registration order is the order `deploykit --help` lists the commands in (groups after commands).
-for group in (profiles, probe, plan, fixes, serve, render):
-    group.register(app)
 
 
 def report_error(exc: DeploykitError) -> int:
@@ -32,11 +23,34 @@ def report_error(exc: DeploykitError) -> int:
     return exc.exit_code
 
 
+class _ReportingGroup(TyperGroup):
+    """The root command group: every command (sub-groups included) runs inside its `invoke`, so a
+    DeploykitError from any of them becomes its one line and exit code here, never a traceback. Inside
+    the group, not only in `main`, so Typer's CliRunner sees the same exit codes as a person does."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except DeploykitError as exc:
+            raise typer.Exit(report_error(exc)) from None
+
+
+app = typer.Typer(
+    cls=_ReportingGroup,
+    name="deploykit",
+    help="Make a vLLM deployment correct on the GPU it lands on: probe → profile → plan → serve → render.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+# Registration order is the order `deploykit --help` lists the commands in (groups after commands).
+for group in (profiles, probe, plan, fixes, serve, render):
+    group.register(app)
+
+
 def main() -> None:
     try:
         app()
-    except DeploykitError as exc:
-        sys.exit(report_error(exc))
     except KeyboardInterrupt:
         sys.exit(130)
     finally:

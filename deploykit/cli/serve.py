@@ -117,9 +117,11 @@ def results_list(
 
         typer.echo(json.dumps([r.model_dump(mode="json") for r in records], indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
 
+    from deploykit.cli.report import is_terminal, output_console
+
+    width = 70 if is_terminal() else None  # whole diagnoses when the output is not a terminal
     table = Table(title=f"results in {where}")
     for column in ("id", "when (UTC)", "command", "profile", "verdict", "stage", "start-up", "diagnosis"):
         table.add_column(column, no_wrap=column in ("id", "verdict"))
@@ -132,9 +134,9 @@ def results_list(
             record.verdict,
             record.stage,
             _seconds(record.timings.get("startup_s")),
-            _shorten(record.diagnosis.splitlines()[0] if record.diagnosis else "", 70),
+            _shorten(record.diagnosis.splitlines()[0] if record.diagnosis else "", width),
         )
-    Console().print(table)
+    output_console().print(table)
 
 
 @results_app.command("show")
@@ -158,10 +160,11 @@ def results_show(
 
 
 def _print_record(record: ResultRecord) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(highlight=False)
+    from deploykit.cli.report import output_console
+
+    console = output_console(highlight=False)
     console.print(f"result #{record.id}  {record.created_at:%Y-%m-%d %H:%M:%S} UTC  on {record.hostname}")
     console.print(
         f"command {record.command}  profile {record.profile_name or '-'}  ({record.profile_id or '-'})"
@@ -203,9 +206,9 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f} s"
 
 
-def _shorten(text: str, width: int) -> str:
+def _shorten(text: str, width: int | None) -> str:
     text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 1] + "…"
+    return text if width is None or len(text) <= width else text[: width - 1] + "…"
 
 
 def check_url(url: str) -> None:

@@ -72,12 +72,17 @@ def jinja_environment() -> jinja2.Environment:
 def plan_for_render(
     loaded: LoadedProfile, facts: ProbeFacts, overrides: dict[str, FixMode] | None = None
 ) -> Plan:
-    """The same plan `deploykit plan` makes; a plan with errors is not rendered."""
-    from deploykit.plan import make_plan
+    """The same plan `deploykit plan` makes; a plan with errors, or a server open to the network without
+    an API key (unless the profile allows it), is not rendered."""
+    from deploykit.plan import make_plan, unauthenticated_exposure
 
     plan = make_plan(loaded, facts, overrides)
     if plan.errors:
-        raise RenderError("the plan has errors:\n" + "\n".join(f"  - {e}" for e in plan.errors))
+        first = plan.errors[0] if len(plan.errors) == 1 else f"{len(plan.errors)} errors: " + "; ".join(plan.errors)
+        raise RenderError(f"the plan for {loaded.path} has errors: {first}")
+    exposure = unauthenticated_exposure(loaded.profile)
+    if exposure:
+        raise RenderError(f"{loaded.path}: refused: {exposure}")
     return plan
 
 

@@ -132,7 +132,7 @@ def _run_attempt(options: ServeOptions, ui: ConsoleUI, store: Store) -> int:
 
 
 def _prepare_and_launch(attempt: Attempt, ui: ConsoleUI) -> None:
-    from deploykit.plan import make_plan
+    from deploykit.plan import make_plan, unauthenticated_exposure
     from deploykit.probe.load import probe
     from deploykit.profile.load import load_profile
     from deploykit.profile.schema import ProfileError
@@ -162,6 +162,9 @@ def _prepare_and_launch(attempt: Attempt, ui: ConsoleUI) -> None:
     attempt.argv = argv
     if plan.errors:
         raise ServeFailure("plan", "the plan has errors: " + "; ".join(plan.errors))
+    exposure = unauthenticated_exposure(profile)
+    if exposure:
+        raise ServeFailure("plan", f"refused: {exposure}")
     for warning in plan.warnings:
         ui.warn(warning)
     host = argv_value(argv, "--host", "127.0.0.1")
