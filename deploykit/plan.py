@@ -328,7 +328,7 @@ def target_mismatch(profile: Profile, facts: ProbeFacts, inputs: DecisionInputs)
 def _disabled_but_called_for(
     profile: Profile, inputs: DecisionInputs, overrides: dict[str, FixMode], decisions: list[FixDecision]
 ) -> list[str]:
-    """A fix turned off (`--fix NAME=off` or the profile) that these facts call for: the output may be wrong."""
+    """A fix turned off (`--fix NAME=off` or the profile) that these facts call for: output may be wrong."""
     warnings = []
     for decision in decisions:
         if decision.mode is not FixMode.OFF:
@@ -337,8 +337,8 @@ def _disabled_but_called_for(
         if auto.decision is Decision.ENABLED:
             source = f"--fix {decision.name}=off" if decision.name in overrides else "the profile"
             warnings.append(
-                f"fix {decision.name} is turned off by {source}, but these facts call for it ({auto.reason}): "
-                "the server's output may be wrong"
+                f"fix {decision.name} is turned off by {source}, but these facts call for it "
+                f"({auto.reason}): the server's output may be wrong"
             )
     return warnings
 

@@ -92,7 +92,7 @@ def display_url(url: str) -> str:
         return repr(url)
 
 
-def _one_line(error: BaseException) -> str:
+def _one_line(error: BaseException | None) -> str:
     """A driver's error (psycopg's span several lines) as one line."""
     return " ".join(str(error).split()) or type(error).__name__
 

@@ -7,8 +7,6 @@ from typing import Annotated
 
 import typer
 
-from deploykit.errors import PlanError
-
 from deploykit.cli.options import (
     FactsOption,
     FixOption,
@@ -17,6 +15,7 @@ from deploykit.cli.options import (
     open_profile,
     parse_fix_overrides,
 )
+from deploykit.errors import PlanError
 
 
 class PlanFormat(StrEnum):

@@ -27,6 +27,11 @@ def is_terminal() -> bool:
     return console.is_terminal
 
 
+def _cut(text: str, width: int) -> str:
+    """Shortened for a terminal; whole when the output goes to a file or a pipe."""
+    return text[:width] if is_terminal() else text
+
+
 console = output_console()
 
 _DECISION_STYLE = {"enabled": "bold green", "not_needed": "dim", "impossible": "bold red"}
@@ -69,8 +74,7 @@ def _yes(value: bool) -> str:
 
 def print_plan(plan: Plan) -> None:
     console.print(
-        f"[bold]profile[/bold] {plan.profile.name}  id {plan.profile.id[:12] if is_terminal() else plan.profile.id}"
-        f"  ({plan.profile.path})"
+        f"[bold]profile[/bold] {plan.profile.name}  id {_cut(plan.profile.id, 12)}  ({plan.profile.path})"
     )
     gpus = ", ".join(f"{g.name} (CC {g.compute_capability})" for g in plan.facts.gpus) or "none"
     console.print(

@@ -7,7 +7,8 @@ from typing import Any
 
 from deploykit import errors
 from deploykit.installed import installed_version
-from deploykit.probe.facts import SCHEMA_VERSION, ProbeFacts
+from deploykit.probe.facts import ProbeFacts
+from deploykit.probe.nvml_reader import FACTS_SCHEMA_VERSION as SCHEMA_VERSION
 from deploykit.probe.nvml_reader import read_probe_document
 
 

@@ -78,8 +78,8 @@ def plan_for_render(
 
     plan = make_plan(loaded, facts, overrides)
     if plan.errors:
-        first = plan.errors[0] if len(plan.errors) == 1 else f"{len(plan.errors)} errors: " + "; ".join(plan.errors)
-        raise RenderError(f"the plan for {loaded.path} has errors: {first}")
+        listed = "; ".join(plan.errors)
+        raise RenderError(f"the plan for {loaded.path} has {len(plan.errors)} error(s): {listed}")
     exposure = unauthenticated_exposure(loaded.profile)
     if exposure:
         raise RenderError(f"{loaded.path}: refused: {exposure}")
