@@ -310,7 +310,7 @@ def target_mismatch(profile: Profile, facts: ProbeFacts, inputs: DecisionInputs)
     quietly drop its fixes and GPU settings, so it stops and asks for the target's facts instead."""
     if profile.platform == "cpu":
         return None
-    where = "this machine's probe" if facts.source == "nvml" else f"the facts in {facts.source}"
+    where = "this machine's probe" if facts.source == "nvml" else f"the saved probe {facts.source}"
     way_out = (
         "pass --facts FILE, a `deploykit probe --save FILE` made on the target GPU host, "
         "or set `platform: cpu` in the profile"
