@@ -77,3 +77,20 @@ def template_dirs(package_dir: Path | None = None, prefix: Path | None = None) -
     package = package_dir or PACKAGE_DIR
     candidates = [package.parent / "templates", installed_template_dir(prefix)]
     return [c for c in candidates if (c / "systemd").is_dir() and (c / "helm").is_dir()]
+
+
+# --- owner-only files -------------------------------------------------------------------------------
+
+
+def make_private_dirs(directory: Path) -> None:
+    """Create `directory` and any missing parents as 0700 (results and logs are the owner's alone);
+    directories that exist already keep their mode."""
+    missing = [d for d in [directory, *directory.parents] if not d.exists()]
+    for path in reversed(missing):
+        path.mkdir(mode=0o700, exist_ok=True)
+
+
+def create_private_file(path: Path) -> None:
+    """Create `path` as 0600 unless it exists (then it is left as it is)."""
+    if not path.exists():
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))

@@ -279,6 +279,70 @@ def _extra_arg_conflicts(profile: Profile) -> list[str]:
     return errors
 
 
+def listens_beyond_loopback(host: str) -> bool:
+    """Whether a server bound to `host` can be reached from other machines."""
+    import ipaddress
+
+    if host in ("", "0.0.0.0", "::"):
+        return True
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host != "localhost"
+
+
+def unauthenticated_exposure(profile: Profile) -> str | None:
+    """Why the profile's server is open to the network without an API key, or None when it is not (or
+    the profile states `serve.allow_unauthenticated: true`). A warning in `plan` and `profiles list`;
+    `serve` and `render` refuse such a profile."""
+    serve = profile.serve
+    if serve.api_key_env or serve.allow_unauthenticated or not listens_beyond_loopback(serve.host):
+        return None
+    return (
+        f"serve.host is {serve.host} (reachable from other machines) and there is no serve.api_key_env: "
+        "anyone who reaches the port can use the model; set `serve.api_key_env: VAR` (the variable holding "
+        "the key), or `serve.allow_unauthenticated: true` when something in front authenticates"
+    )
+
+
+def target_mismatch(profile: Profile, facts: ProbeFacts, inputs: DecisionInputs) -> str | None:
+    """A CUDA profile planned against facts without a GPU, or for a CPU build of vLLM: the plan would
+    quietly drop its fixes and GPU settings, so it stops and asks for the target's facts instead."""
+    if profile.platform == "cpu":
+        return None
+    where = "this machine's probe" if facts.source == "nvml" else f"the saved probe {facts.source}"
+    way_out = (
+        "pass --facts FILE, a `deploykit probe --save FILE` made on the target GPU host, "
+        "or set `platform: cpu` in the profile"
+    )
+    if not facts.gpus:
+        return f"profile {profile.name} is for CUDA, but {where} shows no GPU: {way_out}"
+    if inputs.platform == "cpu":
+        return (
+            f"profile {profile.name} is for CUDA, but the target vLLM {inputs.vllm_version} is a CPU build: "
+            f"{way_out}, or set the profile's vllm_version"
+        )
+    return None
+
+
+def _disabled_but_called_for(
+    profile: Profile, inputs: DecisionInputs, overrides: dict[str, FixMode], decisions: list[FixDecision]
+) -> list[str]:
+    """A fix turned off (`--fix NAME=off` or the profile) that these facts call for: output may be wrong."""
+    warnings = []
+    for decision in decisions:
+        if decision.mode is not FixMode.OFF:
+            continue
+        auto = load_fix(decision.name).decide(inputs, FixMode.AUTO)
+        if auto.decision is Decision.ENABLED:
+            source = f"--fix {decision.name}=off" if decision.name in overrides else "the profile"
+            warnings.append(
+                f"fix {decision.name} is turned off by {source}, but these facts call for it "
+                f"({auto.reason}): the server's output may be wrong"
+            )
+    return warnings
+
+
 def make_plan(
     loaded: LoadedProfile,
     facts: ProbeFacts,
@@ -290,7 +354,13 @@ def make_plan(
     decisions = decide_fixes(profile, inputs, overrides or {})
     enabled = [d.name for d in decisions if d.decision is Decision.ENABLED]
     errors = _extra_arg_conflicts(profile)
-    warnings: list[str] = []
+    mismatch = target_mismatch(profile, facts, inputs)
+    if mismatch:
+        errors.insert(0, mismatch)
+    warnings: list[str] = _disabled_but_called_for(profile, inputs, overrides or {}, decisions)
+    exposure = unauthenticated_exposure(profile)
+    if exposure:
+        warnings.append(exposure)
     for decision in decisions:
         if decision.decision is Decision.IMPOSSIBLE:
             if decision.mode is FixMode.ON:

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from deploykit import errors
 from deploykit.paths import STORE_ENV_VAR as STORE_ENV_VAR
+from deploykit.paths import create_private_file, make_private_dirs
 from deploykit.paths import default_store_url as default_store_url
 from deploykit.smoke import CaseResult
 
@@ -68,6 +69,10 @@ class StoreError(errors.StoreError, RuntimeError):
     pass
 
 
+SUPPORTED = "SQLite (sqlite:///PATH, or a bare file path) or PostgreSQL (postgresql://USER@HOST/DB)"
+POSTGRES_EXTRA = "pip install 'deploykit[postgres]'"
+
+
 def normalise_url(url: str) -> str:
     """Accept plain `postgresql://` (psql style) and bare file paths; SQLAlchemy needs the driver named."""
     if url.startswith(("postgresql://", "postgres://")):
@@ -77,9 +82,41 @@ def normalise_url(url: str) -> str:
     return url
 
 
+def _parse_url(url: str) -> sa.URL:
+    try:
+        return sa.engine.make_url(normalise_url(url))
+    except (sa.exc.ArgumentError, ValueError) as exc:
+        raise StoreError(f"the store URL {url!r} is not a URL ({exc}); use {SUPPORTED}") from None
+
+
 def display_url(url: str) -> str:
-    """The URL with its password hidden, for messages and the terminal."""
-    return sa.engine.make_url(normalise_url(url)).render_as_string(hide_password=True)
+    """The URL as given, with its password hidden, for messages and the terminal."""
+    try:
+        given = url if "://" in url else normalise_url(url)
+        return sa.engine.make_url(given).render_as_string(hide_password=True)
+    except (sa.exc.ArgumentError, ValueError):
+        return repr(url)
+
+
+def _one_line(error: BaseException | None) -> str:
+    """A driver's error (psycopg's span several lines) as one line."""
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+@contextmanager
+def store_errors(url: str, doing: str) -> Iterator[None]:
+    """SQLAlchemy and driver errors while `doing` something with the store at `url`, as one StoreError."""
+    try:
+        yield
+    except StoreError:
+        raise
+    except sa.exc.DBAPIError as exc:
+        raise StoreError(
+            f"cannot {doing} the results store {display_url(url)}: {_one_line(exc.orig)}; "
+            f"check the store (--store or ${STORE_ENV_VAR}) or point it at a new {SUPPORTED}"
+        ) from None
+    except sa.exc.SQLAlchemyError as exc:
+        raise StoreError(f"cannot {doing} the results store {display_url(url)}: {_one_line(exc)}") from None
 
 
 # --- schema -----------------------------------------------------------------------------------------
@@ -154,9 +191,23 @@ MIGRATIONS: tuple[Migration, ...] = (
 SCHEMA_VERSION = MIGRATIONS[-1].version
 
 
-def _sqlite_engine(url: sa.URL) -> sa.Engine:
+def _create_owner_only(database: str) -> None:
+    """The SQLite file and a directory made for it are the owner's alone (0600, 0700): results hold argv,
+    env names and log tails. SQLite gives its -wal and -shm files the database file's permissions."""
+    path = Path(database)
+    make_private_dirs(path.parent)
+    create_private_file(path)
+
+
+def _sqlite_engine(url: sa.URL, given: str) -> sa.Engine:
     if url.database and url.database != ":memory:":
-        Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            _create_owner_only(url.database)
+        except OSError as exc:
+            raise StoreError(
+                f"cannot create the results store {display_url(given)}: {exc.strerror} ({exc.filename}); "
+                "pass --store sqlite:///PATH (or set $DEPLOYKIT_STORE) to a writable location"
+            ) from None
     engine = sa.create_engine(url, connect_args={"timeout": 60})
 
     @sa.event.listens_for(engine, "connect")
@@ -177,12 +228,19 @@ def _sqlite_engine(url: sa.URL) -> sa.Engine:
 
 
 def create_store_engine(url: str) -> sa.Engine:
-    parsed = sa.engine.make_url(normalise_url(url))
-    if parsed.get_backend_name() == "sqlite":
-        return _sqlite_engine(parsed)
-    if parsed.get_backend_name() == "postgresql":
-        return sa.create_engine(parsed, pool_pre_ping=True)
-    raise StoreError(f"unsupported store URL {display_url(url)}: use sqlite:///PATH or postgresql://...")
+    parsed = _parse_url(url)
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        return _sqlite_engine(parsed, url)
+    if backend == "postgresql":
+        try:
+            return sa.create_engine(parsed, pool_pre_ping=True)
+        except ImportError as exc:
+            raise StoreError(
+                f"the store {display_url(url)} needs the PostgreSQL driver psycopg, which is not installed "
+                f"({exc}): {POSTGRES_EXTRA}"
+            ) from None
+    raise StoreError(f"unsupported store URL {display_url(url)} ({backend}): deploykit stores in {SUPPORTED}")
 
 
 class Store:
@@ -234,12 +292,12 @@ class Store:
         """Insert one attempt; returns its id."""
         row = record.model_dump(mode="json", exclude={"id"})
         row["created_at"] = record.created_at
-        with self.engine.begin() as conn:
+        with store_errors(self.url, "write to"), self.engine.begin() as conn:
             result = conn.execute(sa.insert(RESULTS).values(**row).returning(RESULTS.c.id))
             return int(result.scalar_one())
 
     def get(self, result_id: int) -> ResultRecord | None:
-        with self.engine.connect() as conn:
+        with store_errors(self.url, "read"), self.engine.connect() as conn:
             row = conn.execute(sa.select(RESULTS).where(RESULTS.c.id == result_id)).mappings().first()
         return None if row is None else _record(row)
 
@@ -248,7 +306,7 @@ class Store:
         query = sa.select(RESULTS).order_by(RESULTS.c.id.desc()).limit(limit)
         if profile is not None:
             query = query.where(RESULTS.c.profile_name == profile)
-        with self.engine.connect() as conn:
+        with store_errors(self.url, "read"), self.engine.connect() as conn:
             return [_record(row) for row in conn.execute(query).mappings()]
 
     def count(self) -> int:
@@ -280,10 +338,11 @@ def open_store(url: str | None = None, *, migrate: bool = True) -> Store:
     store = Store(create_store_engine(chosen), chosen)
     if migrate:
         try:
-            store.migrate()
-        except sa.exc.OperationalError as exc:
+            with store_errors(chosen, "open"):
+                store.migrate()
+        except StoreError:
             store.close()
-            raise StoreError(f"cannot open the results store {display_url(chosen)}: {exc.orig}") from exc
+            raise
     return store
 
 

@@ -8,6 +8,8 @@ import importlib.util
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from deploykit import errors
+
 # make_arg_parser / validate_parsed_serve_args moved between releases.
 _PARSER_MODULES = (
     "vllm.entrypoints.launchers.cli_args",  # 0.32
@@ -16,7 +18,7 @@ _PARSER_MODULES = (
 )
 
 
-class ArgvRejected(ValueError):
+class ArgvRejected(errors.PlanError, ValueError):
     """vLLM's parser refused the argv; the message is vLLM's, naming the flag."""
 
 

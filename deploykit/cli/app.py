@@ -5,12 +5,38 @@ from __future__ import annotations
 
 import gc
 import sys
+from typing import Any
 
 import typer
+from typer.core import TyperGroup
 
 from deploykit.cli import canary, fixes, plan, probe, profiles, render, serve, trace
+from deploykit.errors import DeploykitError
+
+
+def report_error(exc: DeploykitError) -> int:
+    """The one place a user-caused failure is printed: its details (a profile's located issues), then one
+    line naming the problem and the way out. Returns the exit code."""
+    for line in exc.details:
+        typer.echo(line, err=True)
+    typer.echo(f"deploykit: {exc.message}", err=True)
+    return exc.exit_code
+
+
+class _ReportingGroup(TyperGroup):
+    """The root command group: every command (sub-groups included) runs inside its `invoke`, so a
+    DeploykitError from any of them becomes its one line and exit code here, never a traceback. Inside
+    the group, not only in `main`, so Typer's CliRunner sees the same exit codes as a person does."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except DeploykitError as exc:
+            raise typer.Exit(report_error(exc)) from None
+
 
 app = typer.Typer(
+    cls=_ReportingGroup,
     name="deploykit",
     help="Make a vLLM deployment correct on the GPU it lands on: probe → profile → plan → serve → render.",
     no_args_is_help=True,

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
+from deploykit.errors import UsageError
+
 if TYPE_CHECKING:
     from deploykit.probe.facts import ProbeFacts
     from deploykit.profile.schema import FixMode, LoadedProfile
@@ -43,31 +45,26 @@ FixOption = Annotated[
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
-    typer.echo(f"deploykit: {message}", err=True)
-    raise typer.Exit(code)
+    """Stop the command: the CLI's one error handler prints `deploykit: MESSAGE` and exits with `code`."""
+    error = UsageError(message)
+    error.exit_code = code
+    raise error
 
 
 def gather_facts(facts_file: Path | None) -> ProbeFacts:
-    from deploykit.probe.load import ProbeError, load_facts, probe
+    """The saved facts in `facts_file` (a FactsError names the file if unusable), else a probe."""
+    from deploykit.probe.load import load_facts, probe
 
     if facts_file is None:
         return probe()
-    try:
-        return load_facts(str(facts_file))
-    except ProbeError as exc:
-        fail(str(exc))
+    return load_facts(str(facts_file))
 
 
 def open_profile(name_or_path: str) -> LoadedProfile:
+    """The profile; a ProfileError lists every located issue, then one line naming the profile."""
     from deploykit.profile.load import load_profile
-    from deploykit.profile.schema import ProfileError
 
-    try:
-        return load_profile(name_or_path)
-    except ProfileError as exc:
-        for issue in exc.issues:
-            typer.echo(str(issue), err=True)
-        fail(f"{len(exc.issues)} problem(s) in profile {name_or_path}")
+    return load_profile(name_or_path)
 
 
 def parse_fix_overrides(values: list[str] | None) -> dict[str, FixMode]:
@@ -78,6 +75,9 @@ def parse_fix_overrides(values: list[str] | None) -> dict[str, FixMode]:
     for value in values or []:
         name, sep, mode = value.partition("=")
         if not sep or name not in FIX_NAMES or mode not in {m.value for m in FixMode}:
-            fail(f"--fix {value!r}: expected NAME=on|off|auto with NAME one of {', '.join(FIX_NAMES)}")
+            fail(
+                f"--fix {value!r}: expected NAME=on|off|auto with NAME one of {', '.join(FIX_NAMES)} "
+                "(see `deploykit fixes`)"
+            )
         overrides[name] = FixMode(mode)
     return overrides

@@ -8,7 +8,6 @@ from typing import Annotated
 import typer
 
 from deploykit.cli.options import (
-    EXIT_USAGE,
     FactsOption,
     FixOption,
     ProfileOption,
@@ -16,6 +15,7 @@ from deploykit.cli.options import (
     open_profile,
     parse_fix_overrides,
 )
+from deploykit.errors import PlanError
 
 
 class PlanFormat(StrEnum):
@@ -45,23 +45,36 @@ def plan(
     if validate:
         validate_plan(result)
     if format is PlanFormat.json:
-        typer.echo(result.model_dump_json(indent=2))
+        typer.echo(result.model_dump_json(indent=2))  # `errors` says it must not run; exit code 2 too
     elif format is PlanFormat.shell:
-        from deploykit import __version__
+        if not result.errors:  # a plan with errors prints no runnable command
+            from deploykit import __version__
 
-        typer.echo(
-            f"# Needs deploykit {__version__} installed beside vLLM (same Python environment): its plugin "
-            "applies DEPLOYKIT_FIXES"
-        )
-        typer.echo(result.shell())
+            typer.echo(
+                f"# Needs deploykit {__version__} installed beside vLLM (same Python environment): its "
+                "plugin applies DEPLOYKIT_FIXES"
+            )
+            typer.echo(result.shell())
     else:
         from deploykit.cli.report import print_plan
 
         print_plan(result)
     if result.errors:
-        for error in result.errors:
-            typer.echo(f"deploykit plan: error: {error}", err=True)
-        raise typer.Exit(EXIT_USAGE)
+        raise PlanHasErrors(profile, result.errors)
+
+
+class PlanHasErrors(PlanError):
+    """Each error on its own line, then one line naming the profile."""
+
+    def __init__(self, profile: str, errors: list[str]) -> None:
+        super().__init__(
+            f"the plan for {profile} has {len(errors)} error(s) (listed above); no launch command printed"
+        )
+        self.errors = errors
+
+    @property
+    def details(self) -> list[str]:
+        return [f"deploykit plan: error: {error}" for error in self.errors]
 
 
 def register(app: typer.Typer) -> None:

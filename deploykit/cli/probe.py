@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from deploykit.cli.options import EXIT_NO_GPU, TableOrJson
+from deploykit.cli.options import EXIT_NO_GPU, TableOrJson, fail
 
 
 def probe(
@@ -22,7 +22,10 @@ def probe(
     document = read_probe_document()
     text = document_json(document)
     if save is not None:
-        save.write_text(text + "\n")
+        try:
+            save.write_text(text + "\n")
+        except OSError as exc:
+            fail(f"probe: --save {save}: cannot write the facts file: {exc.strerror}; give a file path")
     if format is TableOrJson.json:
         typer.echo(text)
     else:  # people can wait for pydantic and rich; `--format json` does without them

@@ -13,7 +13,26 @@ if TYPE_CHECKING:
     from deploykit.probe.facts import ProbeFacts
     from deploykit.profile.catalog import ProfileRow
 
-console = Console()
+# Not a terminal (a pipe, a file, CI): nothing is cut to fit 80 columns; ids, dates and paths come out whole.
+UNCUT_WIDTH = 100_000
+
+
+def output_console(highlight: bool = True) -> Console:
+    """stdout for people: the terminal's width on a terminal, else wide enough that no cell is cut."""
+    terminal = Console().is_terminal
+    return Console(width=None if terminal else UNCUT_WIDTH, highlight=highlight)
+
+
+def is_terminal() -> bool:
+    return console.is_terminal
+
+
+def _cut(text: str, width: int) -> str:
+    """Shortened for a terminal; whole when the output goes to a file or a pipe."""
+    return text[:width] if is_terminal() else text
+
+
+console = output_console()
 
 _DECISION_STYLE = {"enabled": "bold green", "not_needed": "dim", "impossible": "bold red"}
 
@@ -55,7 +74,7 @@ def _yes(value: bool) -> str:
 
 def print_plan(plan: Plan) -> None:
     console.print(
-        f"[bold]profile[/bold] {plan.profile.name}  id {plan.profile.id[:12]}  ({plan.profile.path})"
+        f"[bold]profile[/bold] {plan.profile.name}  id {_cut(plan.profile.id, 12)}  ({plan.profile.path})"
     )
     gpus = ", ".join(f"{g.name} (CC {g.compute_capability})" for g in plan.facts.gpus) or "none"
     console.print(
@@ -72,7 +91,10 @@ def print_plan(plan: Plan) -> None:
         for fix in members:
             console.print(f"  {fix.name} ({fix.mode.value}): {fix.reason}", markup=False)
     console.print("[bold]launch[/bold]")
-    console.print(plan.shell(), markup=False, soft_wrap=True)
+    if plan.errors:
+        console.print("  (not shown: the plan has errors, below)")
+    else:
+        console.print(plan.shell(), markup=False, soft_wrap=True)
     console.print(f"[bold]vLLM argv check[/bold] {plan.validation.status}: {plan.validation.detail}")
     for warning in plan.warnings:
         console.print(f"[yellow]warning:[/yellow] {warning}")

@@ -35,7 +35,8 @@ def serve(
         bool, typer.Option("--check", help="Stop after the verdict: exit 0 when it passes, 1 when not.")
     ] = False,
     port: Annotated[
-        int | None, typer.Option("--port", help="Serve on this port instead of the profile's.")
+        int | None,
+        typer.Option("--port", min=1, max=65535, help="Serve on this port (1-65535), not the profile's."),
     ] = None,
     store: StoreOption = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Keep vLLM's log in its file only.")] = False,
@@ -89,11 +90,14 @@ def smoke(
 ) -> None:
     """Run the smoke cases against a server that is already running (local or remote), and check that
     the planned fixes are active on it."""
+    from deploykit.cli.options import fail
     from deploykit.serve.remote_smoke import SmokeOptions, run_remote_smoke
 
     if profile is None and model is None:
-        typer.echo("deploykit smoke: give --profile P or --model NAME", err=True)
-        raise typer.Exit(2)
+        fail("smoke: give --profile P or --model NAME")
+    if timeout is not None and not timeout > 0:  # also refuses nan
+        fail(f"smoke: --timeout {timeout}: must be a positive number of seconds per request")
+    check_url(url)
     expected = None
     if expect_fixes is not None:
         from deploykit.fix_check import parse_expect_fixes
@@ -102,8 +106,7 @@ def smoke(
         try:
             expected = parse_expect_fixes(expect_fixes, FIX_NAMES)
         except ValueError as exc:
-            typer.echo(f"deploykit smoke: {exc}", err=True)
-            raise typer.Exit(2) from None
+            fail(f"smoke: {exc}")
     options = SmokeOptions(
         url=url,
         profile=profile,
@@ -121,7 +124,7 @@ def smoke(
 @results_app.command("list")
 def results_list(
     store: StoreOption = None,
-    limit: Annotated[int, typer.Option("--limit", "-n", help="How many, newest first.")] = 20,
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="How many, newest first.")] = 20,
     profile: Annotated[str | None, typer.Option("--profile", help="Only this profile name.")] = None,
     format: FormatOption = TableOrJson.table,
 ) -> None:
@@ -136,9 +139,11 @@ def results_list(
 
         typer.echo(json.dumps([r.model_dump(mode="json") for r in records], indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
 
+    from deploykit.cli.report import is_terminal, output_console
+
+    width = 70 if is_terminal() else None  # whole diagnoses when the output is not a terminal
     table = Table(title=f"results in {where}")
     for column in ("id", "when (UTC)", "command", "profile", "verdict", "stage", "start-up", "diagnosis"):
         table.add_column(column, no_wrap=column in ("id", "verdict"))
@@ -151,9 +156,9 @@ def results_list(
             record.verdict,
             record.stage,
             _seconds(record.timings.get("startup_s")),
-            _shorten(record.diagnosis.splitlines()[0] if record.diagnosis else "", 70),
+            _shorten(record.diagnosis.splitlines()[0] if record.diagnosis else "", width),
         )
-    Console().print(table)
+    output_console().print(table)
 
 
 @results_app.command("show")
@@ -177,10 +182,11 @@ def results_show(
 
 
 def _print_record(record: ResultRecord) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(highlight=False)
+    from deploykit.cli.report import output_console
+
+    console = output_console(highlight=False)
     console.print(f"result #{record.id}  {record.created_at:%Y-%m-%d %H:%M:%S} UTC  on {record.hostname}")
     console.print(
         f"command {record.command}  profile {record.profile_name or '-'}  ({record.profile_id or '-'})"
@@ -225,9 +231,26 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f} s"
 
 
-def _shorten(text: str, width: int) -> str:
+def _shorten(text: str, width: int | None) -> str:
     text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 1] + "…"
+    return text if width is None or len(text) <= width else text[: width - 1] + "…"
+
+
+def check_url(url: str) -> None:
+    """`--url` must be an http(s) URL with a host and, when it names one, a port in 1-65535."""
+    from urllib.parse import urlsplit
+
+    from deploykit.cli.options import fail
+
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        fail(f"smoke: --url {url!r}: {exc} (ports are 1-65535)")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        fail(f"smoke: --url {url!r}: expected http://HOST:PORT, e.g. http://127.0.0.1:8000")
+    if port == 0:
+        fail(f"smoke: --url {url!r}: port 0 is not a port a server listens on (ports are 1-65535)")
 
 
 def register(app: typer.Typer) -> None:

@@ -7,6 +7,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from deploykit import errors
 from deploykit.probe.facts import GpuFacts
 from deploykit.profile.schema import FixMode as FixMode  # the modes a profile sets; defined with the schema
 
@@ -57,7 +58,7 @@ class DecisionInputs(BaseModel):
     platform: str = Field(default="cuda", description="cuda or cpu: which vLLM build the deployment runs")
 
 
-class FixError(RuntimeError):
+class FixError(errors.FixError, RuntimeError):
     """A fix could not be applied; the message names the fix and the vLLM version."""
 
 

@@ -34,6 +34,10 @@ def resolve_profile_path(name_or_path: str) -> Path:
 
 
 def list_profile_paths(extra_dir: Path | None = None) -> list[Path]:
+    if extra_dir is not None and not extra_dir.is_dir():
+        raise ProfileError(
+            [ProfileIssue(str(extra_dir), 1, 1, "(--dir)", "not a directory: give a directory of profiles")]
+        )
     seen: dict[str, Path] = {}
     for directory in [*shipped_profile_dirs(), user_profile_dir(), *([extra_dir] if extra_dir else [])]:
         if directory.is_dir():
@@ -186,5 +190,18 @@ def load_profile(name_or_path: str) -> LoadedProfile:
     except OSError as exc:
         raise ProfileError(
             [ProfileIssue(str(path), 1, 1, "(file)", f"cannot read: {exc.strerror}")]
+        ) from None
+    except UnicodeDecodeError as exc:
+        raise ProfileError(
+            [
+                ProfileIssue(
+                    str(path),
+                    1,
+                    1,
+                    "(file)",
+                    f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}): "
+                    "a profile is a YAML file saved as UTF-8",
+                )
+            ]
         ) from None
     return LoadedProfile(profile=parse_profile(text, str(path)), path=path)

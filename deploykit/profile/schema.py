@@ -17,8 +17,11 @@ from deploykit import errors
 
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_MODELS = ("tiny-llama",)
-_SECRET_NAME = re.compile(
-    r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL)", re.I
+# A literal env value is refused when its name says secret or the value has a token's shape.
+_SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASS|KEY|CREDENTIAL)", re.I)
+_SECRET_VALUE = re.compile(
+    r"\b(hf_[A-Za-z0-9]{16,}|sk-[A-Za-z0-9_-]{16,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
+    r"|glpat-[A-Za-z0-9_-]{16,}|xox[abprs]-[A-Za-z0-9-]{10,}|AKIA[0-9A-Z]{16})"
 )
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -88,6 +91,11 @@ class ServeSettings(_Strict):
     port: Annotated[int, Field(ge=1, le=65535)] = 8000
     api_key_env: Annotated[str, Field(pattern=_ENV_NAME.pattern)] | None = Field(
         default=None, description="name of the environment variable that holds the server's API key"
+    )
+    allow_unauthenticated: bool = Field(
+        default=False,
+        description="serve beyond loopback without an API key (something in front authenticates); "
+        "without it `serve` and `render` refuse such a profile",
     )
     extra_args: list[str] = Field(default_factory=list, description="further `vllm serve` flags, verbatim")
 
@@ -188,9 +196,10 @@ class Profile(_Strict):
         for key, value in env.items():
             if not _ENV_NAME.match(key):
                 raise ValueError(f"env var {key}: not a valid environment variable name")
-            if isinstance(value, str) and _SECRET_NAME.search(key):
+            if isinstance(value, str) and (_SECRET_NAME.search(key) or _SECRET_VALUE.search(value)):
+                why = "its name" if _SECRET_NAME.search(key) else "its value has a token's shape"
                 raise ValueError(
-                    f"env var {key}: looks like a secret: never write its value in a profile; "
+                    f"env var {key}: looks like a secret ({why}): never write its value in a profile; "
                     f"use `{key}: {{secret: {key}}}` to take it from the environment at launch"
                 )
         return env
@@ -223,6 +232,17 @@ class ProfileError(errors.ProfileError):
     def __init__(self, issues: list[ProfileIssue]) -> None:
         self.issues = issues
         super().__init__("\n".join(str(issue) for issue in issues))
+
+    @property
+    def details(self) -> list[str]:
+        return [str(issue) for issue in self.issues] if len(self.issues) > 1 else []
+
+    @property
+    def message(self) -> str:
+        if len(self.issues) == 1:
+            return str(self.issues[0])
+        where = self.issues[0].file if self.issues else "the profile"
+        return f"{len(self.issues)} problems in profile {where} (listed above); fix them and run again"
 
 
 @dataclass(frozen=True)

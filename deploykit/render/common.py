@@ -6,6 +6,7 @@ never rebuilt. Nothing here imports torch or vLLM.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -71,12 +72,17 @@ def jinja_environment() -> jinja2.Environment:
 def plan_for_render(
     loaded: LoadedProfile, facts: ProbeFacts, overrides: dict[str, FixMode] | None = None
 ) -> Plan:
-    """The same plan `deploykit plan` makes; a plan with errors is not rendered."""
-    from deploykit.plan import make_plan
+    """The same plan `deploykit plan` makes; a plan with errors, or a server open to the network without
+    an API key (unless the profile allows it), is not rendered."""
+    from deploykit.plan import make_plan, unauthenticated_exposure
 
     plan = make_plan(loaded, facts, overrides)
     if plan.errors:
-        raise RenderError("the plan has errors:\n" + "\n".join(f"  - {e}" for e in plan.errors))
+        listed = "; ".join(plan.errors)
+        raise RenderError(f"the plan for {loaded.path} has {len(plan.errors)} error(s): {listed}")
+    exposure = unauthenticated_exposure(loaded.profile)
+    if exposure:
+        raise RenderError(f"{loaded.path}: refused: {exposure}")
     return plan
 
 
@@ -100,12 +106,26 @@ def plain_env(plan: Plan) -> dict[str, str]:
 
 
 def write_files(result: RenderResult, out_dir: Path) -> list[Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
+    """Write every file under `out_dir`. A file is created with its final mode (a secrets file is 0600
+    from its first byte, never briefly world-readable); an existing one is overwritten and re-moded."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise RenderError(f"--out {out_dir}: is a file, not a directory; give a directory to write into")
     written = []
-    for item in result.files:
-        target = out_dir / item.path
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(item.content)
-        target.chmod(item.mode)
-        written.append(target)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for item in result.files:
+            target = out_dir / item.path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            _write_with_mode(target, item.content, item.mode)
+            written.append(target)
+    except OSError as exc:
+        where = exc.filename or out_dir
+        raise RenderError(f"--out {out_dir}: cannot write {where}: {exc.strerror}") from None
     return written
+
+
+def _write_with_mode(target: Path, content: str, mode: int) -> None:
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        os.fchmod(handle.fileno(), mode)  # an existing file keeps its old mode through os.open
+        handle.write(content)

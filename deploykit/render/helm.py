@@ -6,13 +6,13 @@ env. The chart's own templates are Helm (Go) templates copied verbatim: deployki
 
 from __future__ import annotations
 
-import ipaddress
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from deploykit.plan import listens_beyond_loopback
 from deploykit.render.common import (
     RenderedFile,
     RenderError,
@@ -68,15 +68,6 @@ def split_image(reference: str) -> tuple[str, str]:
     if not sep or "/" in tag:
         return reference, "latest"
     return name, tag
-
-
-def listens_beyond_loopback(host: str) -> bool:
-    if host in ("", "0.0.0.0", "::"):
-        return True
-    try:
-        return not ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host != "localhost"
 
 
 def node_affinity(plan: Plan, loaded: LoadedProfile) -> tuple[dict[str, Any], list[str]]:

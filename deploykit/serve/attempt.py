@@ -29,6 +29,7 @@ from deploykit.serve.helpers import (
     client_host,
     deploykit_version,
     exit_code_for,
+    open_results_store,
     overhead,
     plan_for_store,
     print_verdict,
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
     from deploykit.profile.schema import LoadedProfile
     from deploykit.serve.launch import ServerProcess
     from deploykit.smoke import SmokeReport
-    from deploykit.store import ResultRecord
+    from deploykit.store import ResultRecord, Store
 
 
 class ServeOptions(BaseModel):
@@ -89,6 +90,14 @@ class Attempt:
 def run_serve(options: ServeOptions, ui: ConsoleUI | None = None) -> int:
     """One whole attempt; returns the process exit code. Stores exactly one row whatever happens."""
     ui = ui or ConsoleUI(options.quiet)
+    store = open_results_store(options.store_url)  # fails fast, before a model loads
+    try:
+        return _run_attempt(options, ui, store)
+    finally:
+        store.close()
+
+
+def _run_attempt(options: ServeOptions, ui: ConsoleUI, store: Store) -> int:
     attempt = Attempt(options=options)
     verdict, diagnosis = "error", ""
     with forwarded_signals() as gate:
@@ -113,8 +122,9 @@ def run_serve(options: ServeOptions, ui: ConsoleUI | None = None) -> int:
         if attempt.server is not None and not keep_serving:
             _stop(attempt, ui)
         record = _record(attempt, verdict, diagnosis)
-        result_id, where = store_record(record, options.store_url, ui)
+        result_id, where = store_record(record, store, ui)
         print_verdict(record, result_id, where, ui)
+        store.close()
         if keep_serving and attempt.server is not None:
             return _serve_foreground(attempt, gate, ui)
         if gate.received is not None and verdict != "interrupted":
@@ -123,7 +133,7 @@ def run_serve(options: ServeOptions, ui: ConsoleUI | None = None) -> int:
 
 
 def _prepare_and_launch(attempt: Attempt, ui: ConsoleUI) -> None:
-    from deploykit.plan import make_plan
+    from deploykit.plan import make_plan, unauthenticated_exposure
     from deploykit.probe.load import probe
     from deploykit.profile.load import load_profile
     from deploykit.profile.schema import ProfileError
@@ -153,6 +163,9 @@ def _prepare_and_launch(attempt: Attempt, ui: ConsoleUI) -> None:
     attempt.argv = argv
     if plan.errors:
         raise ServeFailure("plan", "the plan has errors: " + "; ".join(plan.errors))
+    exposure = unauthenticated_exposure(profile)
+    if exposure:
+        raise ServeFailure("plan", f"refused: {exposure}")
     for warning in plan.warnings:
         ui.warn(warning)
     host = argv_value(argv, "--host", "127.0.0.1")
@@ -199,8 +212,8 @@ def _prepare_and_launch(attempt: Attempt, ui: ConsoleUI) -> None:
     except LaunchError as exc:
         ui.end_progress()
         ui.log_lines([redact(line, attempt.secrets) for line in follower.new_lines()])
-        if exc.exit_code is not None:
-            message = f"vLLM exited during start-up with code {exc.exit_code}"
+        if exc.server_exit_code is not None:
+            message = f"vLLM exited during start-up with code {exc.server_exit_code}"
         else:
             message = (
                 f"vLLM did not become healthy within {profile.deploy.startup_timeout_s} s (start-up timeout)"

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from deploykit.plan import Plan
     from deploykit.serve.console import ConsoleUI
-    from deploykit.store import ResultRecord
+    from deploykit.store import ResultRecord, Store
 
 EXIT_PASS = 0
 EXIT_FAIL = 1
@@ -127,18 +127,24 @@ def profile_issues(exc: Exception) -> str:
     return "; ".join(str(issue) for issue in getattr(exc, "issues", [])) or str(exc)
 
 
-def store_record(record: ResultRecord, url: str | None, ui: ConsoleUI) -> tuple[int | None, str]:
-    from deploykit.store import StoreError, display_url, open_store
+def open_results_store(url: str | None) -> Store:
+    """The results store, opened before anything starts: a store that cannot be written stops the command
+    here (a StoreError naming it), before a model loads, instead of losing the attempt's row at the end."""
+    from deploykit.store import open_store
+
+    return open_store(url)
+
+
+def store_record(record: ResultRecord, store: Store, ui: ConsoleUI) -> tuple[int | None, str]:
+    """Add the attempt's row; a store that fails now (disk full, server gone) is a warning, and the verdict
+    still prints."""
+    from deploykit.store import StoreError
 
     try:
-        store = open_store(url)
+        return store.add(record), store.display_url
     except StoreError as exc:
         ui.warn(f"the result could not be stored: {exc}")
-        return None, display_url(url) if url else "(default store)"
-    try:
-        return store.add(record), store.display_url
-    finally:
-        store.close()
+        return None, store.display_url
 
 
 def print_verdict(record: ResultRecord, result_id: int | None, where: str, ui: ConsoleUI) -> None:

@@ -18,13 +18,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from deploykit import errors
+from deploykit.paths import create_private_file, make_private_dirs
 
-class LaunchError(RuntimeError):
-    """vLLM did not come up; `log_tail` holds the end of its log."""
 
-    def __init__(self, message: str, *, exit_code: int | None = None, log_tail: str = "") -> None:
+class LaunchError(errors.LaunchError, RuntimeError):
+    """vLLM did not come up; `server_exit_code` is vLLM's own exit code (None when it did not exit),
+    `log_tail` the end of its log. `exit_code` stays deploykit's, as for every `DeploykitError`."""
+
+    def __init__(self, message: str, *, server_exit_code: int | None = None, log_tail: str = "") -> None:
         super().__init__(message)
-        self.exit_code = exit_code
+        self.server_exit_code = server_exit_code
         self.log_tail = log_tail
 
 
@@ -92,7 +96,7 @@ class ServerProcess:
             if code is not None:
                 raise LaunchError(
                     f"vLLM exited during start-up with code {code}",
-                    exit_code=code,
+                    server_exit_code=code,
                     log_tail=self.log_tail(),
                 )
             if _health_ok(self.base_url):
@@ -166,9 +170,13 @@ def start_server(
     port: int,
 ) -> ServerProcess:
     """Start vLLM in a new session (its own process group) with stdout and stderr in `log_path`."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
     argv = [*_parent_death_guard(), *argv]
-    log_file = log_path.open("ab")
+    try:
+        make_private_dirs(log_path.parent)  # logs may hold prompts and paths: the owner's alone
+        create_private_file(log_path)
+        log_file = log_path.open("ab")
+    except OSError as exc:
+        raise LaunchError(f"cannot write vLLM's log {log_path}: {exc.strerror}; pass --log-dir DIR") from None
     try:
         process = subprocess.Popen(
             list(argv),

@@ -13,6 +13,7 @@ from deploykit.serve.helpers import (
     ServeFailure,
     deploykit_version,
     exit_code_for,
+    open_results_store,
     print_verdict,
     profile_issues,
     redact,
@@ -66,6 +67,8 @@ def run_remote_smoke(options: SmokeOptions, ui: ConsoleUI | None = None) -> int:
 
     ui = ui or ConsoleUI(quiet=True)
     started = time.monotonic()
+    # Opened first: a store that cannot be written stops here, before any request is sent.
+    store = open_results_store(options.store_url) if options.store else None
     record = ResultRecord(command="smoke", verdict="error", stage="profile", base_url=options.url)
     record.versions = {"deploykit": deploykit_version()}
     secrets = secret_values(None, os.environ)
@@ -123,8 +126,11 @@ def run_remote_smoke(options: SmokeOptions, ui: ConsoleUI | None = None) -> int:
         record.stage, record.diagnosis = exc.stage, str(exc)
     record.timings["total_s"] = round(time.monotonic() - started, 4)
     record.diagnosis = redact(record.diagnosis, secrets)
-    if options.store:
-        result_id, where = store_record(record, options.store_url, ui)
+    if store is not None:
+        try:
+            result_id, where = store_record(record, store, ui)
+        finally:
+            store.close()
     else:
         result_id, where = None, ""
     print_verdict(record, result_id, where, ui)

@@ -112,11 +112,13 @@ def render_chart(profile: Path | str, facts: Path, out: Path) -> Chart:
 # Every shipped profile, listening beyond loopback as a pod must: chart name → (profile, changes, facts).
 # "turing", "hopper" and "cpu" carry the semantic checks below; the rest go through lint and validation.
 LISTEN = {"serve.host": "0.0.0.0"}
+# The demo profiles have no API key: a chart of them listening beyond loopback must say it is meant.
+LISTEN_OPEN = {**LISTEN, "serve.allow_unauthenticated": True}
 CHARTED: dict[str, tuple[str, dict[str, Any], str]] = {
     "turing": ("gemma4-turing", {**LISTEN, "serve.tensor_parallel_size": 2}, "turing_facts"),
     "hopper": ("qwen-lora-hopper", LISTEN, "hopper_facts"),
-    "cpu": ("demo-cpu", LISTEN, "turing_facts"),
-    "cpu-gemma4": ("demo-gemma4-fp16", LISTEN, "no-gpu.json"),
+    "cpu": ("demo-cpu", LISTEN_OPEN, "turing_facts"),
+    "cpu-gemma4": ("demo-gemma4-fp16", LISTEN_OPEN, "no-gpu.json"),
     "penalties": ("penalties-high-concurrency", LISTEN, "a100.json"),
 }
 

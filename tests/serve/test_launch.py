@@ -78,6 +78,6 @@ def test_health_wait_reports_an_early_exit_with_its_code_and_log(tmp_path: Path)
     )
     with pytest.raises(LaunchError) as caught:
         server.wait_healthy(timeout_s=30, poll_s=0.05)
-    assert caught.value.exit_code == 7
+    assert caught.value.server_exit_code == 7
     assert "boom: no such model" in caught.value.log_tail
     assert not port_in_use(port)

@@ -1,0 +1,239 @@
+"""Every command against bad input, as a person runs it (`python -m deploykit ...`): a non-zero exit, no
+traceback, and a message that names the input (the file, URL, flag or value). Nothing here starts vLLM:
+each bad input is refused before a launch."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.vllm_harness import REPO
+
+FACTS = REPO / "tests" / "fixtures" / "facts"
+UNWRITABLE = "/proc/deploykit-nowhere/results.sqlite"  # /proc takes no new directories, even for root
+
+
+@pytest.fixture(scope="module")
+def bad(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("bad-input")
+    files = {
+        "binary_profile": root / "binary.yaml",
+        "binary_facts": root / "binary.json",
+        "future_facts": root / "future.json",
+        "not_a_db": root / "notes.sqlite",
+        "a_file": root / "a-file",
+        "secret_profile": root / "secret.yaml",
+        "token_profile": root / "token.yaml",
+        "open_profile": root / "open.yaml",
+        "open_cpu_profile": root / "open-cpu.yaml",
+        "no_psycopg": root / "no-psycopg",
+        "store": root / "results.sqlite",
+        "profiles": root / "profiles",
+    }
+    files["binary_profile"].write_bytes(b"name: x\n\xff\xfe\x00\x81 binary\n")
+    files["binary_facts"].write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\xff")
+    files["future_facts"].write_text('{"schema_version": 99, "gpus": []}\n')
+    files["not_a_db"].write_text("these are my notes, not a database\n" * 40)
+    files["a_file"].write_text("already here\n")
+    files["secret_profile"].write_text(
+        "name: secret\nplatform: cpu\nmodel: {source: /m}\nenv: {HF_TOKEN: abc}\n"
+    )
+    files["token_profile"].write_text(
+        "name: token\nplatform: cpu\nmodel: {source: /m}\nenv: {MY_SETTING: sk-abcdefghijklmnopqrstuvwx}\n"
+    )
+    files["open_profile"].write_text("name: open\nmodel: {source: /m}\nserve: {host: 0.0.0.0}\n")
+    files["open_cpu_profile"].write_text(
+        "name: open-cpu\nplatform: cpu\nmodel: {source: /m}\nserve: {host: 0.0.0.0}\n"
+    )
+    blocked = files["no_psycopg"] / "psycopg"
+    blocked.mkdir(parents=True)
+    (blocked / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'psycopg'\")\n")
+    files["profiles"].mkdir()
+    return files
+
+
+# (case id, argv with {placeholders} from `bad`, exit code, substrings the output must hold)
+CASES: list[tuple[str, list[str], int, list[str]]] = [
+    ("store-unknown-scheme", ["results", "list", "--store", "mysql://x/y"], 1, ["mysql://x/y", "PostgreSQL"]),
+    (
+        "store-refused",
+        ["results", "list", "--store", "postgresql://u:pw@127.0.0.1:1/db"],
+        1,
+        ["127.0.0.1:1/db", "Connection refused"],
+    ),
+    (
+        "store-missing-driver",
+        ["results", "list", "--store", "postgresql://u@127.0.0.1:1/db"],
+        1,
+        ["127.0.0.1:1/db", "psycopg", "deploykit[postgres]"],
+    ),
+    (
+        "store-not-a-database",
+        ["results", "list", "--store", "{not_a_db}"],
+        1,
+        ["{not_a_db}", "not a database"],
+    ),
+    ("store-unwritable", ["results", "show", "1", "--store", f"sqlite:///{UNWRITABLE}"], 1, [UNWRITABLE]),
+    (
+        "serve-store-unwritable",
+        ["serve", "-p", "demo-cpu", "--store", f"sqlite:///{UNWRITABLE}"],
+        1,
+        [UNWRITABLE],
+    ),
+    (
+        "smoke-store-unwritable",
+        ["smoke", "--url", "http://127.0.0.1:9", "--model", "m", "--store", f"sqlite:///{UNWRITABLE}"],
+        1,
+        [UNWRITABLE],
+    ),
+    ("results-limit-0", ["results", "list", "--limit", "0"], 2, ["--limit"]),
+    ("profile-missing", ["plan", "-p", "no-such-profile", "--no-validate"], 2, ["no-such-profile"]),
+    (
+        "profile-missing-path",
+        ["plan", "-p", "/nonexistent/p.yaml", "--no-validate"],
+        2,
+        ["/nonexistent/p.yaml"],
+    ),
+    (
+        "profile-not-utf8",
+        ["plan", "-p", "{binary_profile}", "--no-validate"],
+        2,
+        ["{binary_profile}", "UTF-8"],
+    ),
+    ("profile-secret-name", ["plan", "-p", "{secret_profile}", "--no-validate"], 2, ["HF_TOKEN", "secret:"]),
+    (
+        "profile-secret-value",
+        ["plan", "-p", "{token_profile}", "--no-validate"],
+        2,
+        ["MY_SETTING", "secret:"],
+    ),
+    (
+        "facts-missing",
+        ["plan", "-p", "demo-cpu", "--facts", "/nonexistent/facts.json", "--no-validate"],
+        2,
+        ["/nonexistent/facts.json"],
+    ),
+    (
+        "facts-not-utf8",
+        ["plan", "-p", "demo-cpu", "--facts", "{binary_facts}", "--no-validate"],
+        2,
+        ["{binary_facts}", "UTF-8"],
+    ),
+    (
+        "facts-unknown-schema",
+        ["plan", "-p", "demo-cpu", "--facts", "{future_facts}", "--no-validate"],
+        2,
+        ["{future_facts}", "schema_version"],
+    ),
+    ("fix-unknown", ["plan", "-p", "demo-cpu", "--fix", "bogus=on", "--no-validate"], 2, ["bogus=on"]),
+    ("fix-bad-mode", ["plan", "-p", "demo-cpu", "--fix", "matmul_lora=maybe", "--no-validate"], 2, ["maybe"]),
+    (
+        "plan-cuda-without-gpu",
+        ["plan", "-p", "gemma4-turing", "--facts", str(FACTS / "no-gpu.json"), "--no-validate"],
+        2,
+        ["no-gpu.json", "--facts"],
+    ),
+    ("probe-save-directory", ["probe", "--save", "{profiles}"], 2, ["{profiles}"]),
+    ("serve-port-0", ["serve", "-p", "demo-cpu", "--port", "0"], 2, ["'--port': 0"]),
+    ("serve-port-70000", ["serve", "-p", "demo-cpu", "--port", "70000"], 2, ["'--port': 70000"]),
+    ("serve-profile-missing", ["serve", "-p", "no-such-profile"], 1, ["no-such-profile"]),
+    (
+        "serve-open-without-key",
+        ["serve", "-p", "{open_cpu_profile}"],
+        1,
+        ["0.0.0.0", "allow_unauthenticated"],
+    ),
+    (
+        "smoke-timeout-negative",
+        ["smoke", "--url", "http://127.0.0.1:9", "--model", "m", "--timeout", "-1"],
+        2,
+        ["-1"],
+    ),
+    ("smoke-port-70000", ["smoke", "--url", "http://127.0.0.1:70000", "--model", "m"], 2, ["70000"]),
+    ("smoke-not-a-url", ["smoke", "--url", "localhost-8000", "--model", "m"], 2, ["localhost-8000"]),
+    (
+        "render-out-is-a-file",
+        ["render", "systemd", "-p", "demo-cpu", "--facts", str(FACTS / "no-gpu.json"), "--out", "{a_file}"],
+        2,
+        ["{a_file}"],
+    ),
+    (
+        "render-cuda-without-gpu",
+        [
+            "render",
+            "helm",
+            "-p",
+            "gemma4-turing",
+            "--facts",
+            str(FACTS / "no-gpu.json"),
+            "--out",
+            "{profiles}",
+        ],
+        2,
+        ["no-gpu.json", "--facts"],
+    ),
+    (
+        "render-open-without-key",
+        [
+            "render",
+            "helm",
+            "-p",
+            "{open_profile}",
+            "--facts",
+            str(FACTS / "a100.json"),
+            "--out",
+            "{profiles}",
+        ],
+        2,
+        ["{open_profile}", "allow_unauthenticated"],
+    ),
+    (
+        "profiles-dir-missing",
+        ["profiles", "list", "--dir", "/nonexistent/profiles"],
+        2,
+        ["/nonexistent/profiles"],
+    ),
+]
+
+
+def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "deploykit", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=REPO,
+    )
+
+
+@pytest.mark.parametrize(("args", "code", "named"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_one_clear_line(
+    bad: dict[str, Path], tmp_path: Path, args: list[str], code: int, named: list[str]
+) -> None:
+    fill = {key: str(path) for key, path in bad.items()}
+    argv = [arg.format(**fill) for arg in args]
+    env = {**os.environ, "DEPLOYKIT_STORE": str(bad["store"]), "DEPLOYKIT_PROFILE_DIR": str(tmp_path)}
+    if "postgresql://u@" in " ".join(argv):  # the missing-driver case: psycopg cannot be imported
+        env["PYTHONPATH"] = os.pathsep.join([str(bad["no_psycopg"]), env.get("PYTHONPATH", str(REPO))])
+    result = run(argv, env)
+    output = result.stdout + result.stderr
+    assert result.returncode == code, output
+    assert "Traceback" not in output, output
+    for text in named:
+        assert text.format(**fill) in output, output
+    assert "pw@" not in output  # a store URL's password is never printed
+
+
+def test_profiles_list_with_a_binary_profile_lists_it_as_invalid(bad: dict[str, Path]) -> None:
+    directory = bad["profiles"]
+    (directory / "garbage.yaml").write_bytes(b"\x00\xff\xfe\x81" * 64)
+    env = {**os.environ, "DEPLOYKIT_STORE": str(bad["store"])}
+    facts = str(FACTS / "t4.json")
+    result = run(["profiles", "list", "--dir", str(directory), "--facts", facts, "-f", "json"], env)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert "garbage" in result.stdout and "UTF-8" in result.stdout
