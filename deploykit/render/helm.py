@@ -6,13 +6,13 @@ env. The chart's own templates are Helm (Go) templates copied verbatim: deployki
 
 from __future__ import annotations
 
-import ipaddress
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from deploykit import net
 from deploykit.render.common import (
     RenderedFile,
     RenderError,
@@ -66,15 +66,6 @@ def split_image(reference: str) -> tuple[str, str]:
     if not sep or "/" in tag:
         return reference, "latest"
     return name, tag
-
-
-def listens_beyond_loopback(host: str) -> bool:
-    if host in ("", "0.0.0.0", "::"):
-        return True
-    try:
-        return not ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host != "localhost"
 
 
 def node_affinity(plan: Plan, loaded: LoadedProfile) -> tuple[dict[str, Any], list[str]]:
@@ -191,7 +182,7 @@ def render_helm(plan: Plan, loaded: LoadedProfile) -> RenderResult:
     profile = loaded.profile
     if plan.argv[:2] != ["vllm", "serve"]:
         raise RenderError(f"the plan's argv does not start with `vllm serve`: {plan.argv[:2]}")
-    if not listens_beyond_loopback(profile.serve.host):
+    if not net.listens_beyond_loopback(profile.serve.host):
         raise RenderError(
             f"serve.host is {profile.serve.host}: inside a pod the Service cannot reach a loopback address. "
             "Set `serve: {host: 0.0.0.0}` in the profile (then `deploykit plan` shows the same argv)."

@@ -51,10 +51,6 @@ def argv_value(argv: Sequence[str], flag: str, default: str) -> str:
     return argv[argv.index(flag) + 1] if flag in argv and argv.index(flag) + 1 < len(argv) else default
 
 
-def client_host(bind_host: str) -> str:
-    return "127.0.0.1" if bind_host in ("0.0.0.0", "::", "") else bind_host
-
-
 def resolve_executable(argv: Sequence[str]) -> list[str]:
     """`vllm` → the one next to this Python (the venv deploykit runs in), when it is there."""
     result = list(argv)

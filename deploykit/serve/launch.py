@@ -9,14 +9,13 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from deploykit import net
 
 
 class LaunchError(RuntimeError):
@@ -26,22 +25,6 @@ class LaunchError(RuntimeError):
         super().__init__(message)
         self.exit_code = exit_code
         self.log_tail = log_tail
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return True
-    return False
 
 
 def read_tail(path: Path, max_lines: int = 40) -> str:
@@ -95,7 +78,7 @@ class ServerProcess:
                     exit_code=code,
                     log_tail=self.log_tail(),
                 )
-            if _health_ok(self.base_url):
+            if net.health_ok(net.health_url(self.base_url), timeout_s=2):
                 return time.monotonic() - self.started_at
             now = time.monotonic()
             if on_progress is not None:
@@ -125,14 +108,6 @@ class ServerProcess:
             while _group_alive(pgid) and time.monotonic() < deadline + 10:
                 time.sleep(0.1)
         return self.process.returncode
-
-
-def _health_ok(base_url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{base_url}/health", timeout=2) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
@@ -165,7 +140,9 @@ def start_server(
     host: str,
     port: int,
 ) -> ServerProcess:
-    """Start vLLM in a new session (its own process group) with stdout and stderr in `log_path`."""
+    """Start vLLM in a new session (its own process group) with stdout and stderr in `log_path`.
+
+    `host` is the host vLLM binds (`--host`): a wildcard is reached at its family's loopback."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     argv = [*_parent_death_guard(), *argv]
     log_file = log_path.open("ab")
@@ -182,4 +159,4 @@ def start_server(
         log_file.close()
         raise LaunchError(f"could not start {argv[0]!r}: {exc.strerror}") from exc
     log_file.close()
-    return ServerProcess(process=process, log_path=log_path, base_url=f"http://{host}:{port}")
+    return ServerProcess(process=process, log_path=log_path, base_url=net.base_url(host, port))
