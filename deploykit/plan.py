@@ -106,10 +106,9 @@ def resolve_model_path(profile: Profile) -> str:
     """The path vLLM is given: builtin models resolve to their cache directory (built on first serve)."""
     source = profile.model.source
     if source.startswith(BUILTIN_PREFIX):
-        from deploykit.tinymodel import TinyModelRecipe, default_cache_dir
+        from deploykit.tinymodel import tiny_model_dir
 
-        recipe = TinyModelRecipe()
-        return str(default_cache_dir() / f"tiny-llama-{recipe.behaviour}-{recipe.key()}")
+        return str(tiny_model_dir())
     return source
 
 

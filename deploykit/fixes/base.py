@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from enum import StrEnum
 from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from deploykit.installed import vllm_version_label
 from deploykit.probe.facts import GpuFacts
 from deploykit.profile.schema import FixMode as FixMode  # the modes a profile sets; defined with the schema
 
@@ -59,6 +61,19 @@ class DecisionInputs(BaseModel):
 
 class FixError(RuntimeError):
     """A fix could not be applied; the message names the fix and the vLLM version."""
+
+
+def upstream_guard(name: str, check: TargetCheck) -> str | None:
+    """What every fix checks before it patches. None: the target is there as expected, patch it. A note
+    (also written to vLLM's log): this vLLM is fixed upstream, patch nothing. FixError: anything else."""
+    version = vllm_version_label()
+    if check.status is TargetStatus.FIXED_UPSTREAM:
+        note = f"nothing patched: vLLM {version} is fixed upstream ({check.detail})"
+        logging.getLogger(f"vllm.deploykit.{name}").info("deploykit %s: %s", name, note)
+        return note
+    if check.status is not TargetStatus.APPLICABLE:
+        raise FixError(f"{name}: cannot apply to vLLM {version}: {check.status.value}: {check.detail}")
+    return None
 
 
 class Fix(Protocol):

@@ -7,17 +7,16 @@ and is built on first access (`deploykit.fixes.penalties:DevicePenaltiesProcesso
 from __future__ import annotations
 
 import importlib.util
-import logging
 from typing import Any
 
 from deploykit.fixes.base import (
     Decision,
     DecisionInputs,
     FixDecision,
-    FixError,
     FixMode,
     TargetCheck,
     TargetStatus,
+    upstream_guard,
 )
 from deploykit.vllm_compat import default_model_runner
 
@@ -77,16 +76,9 @@ def check_target() -> TargetCheck:
 
 def apply() -> str:
     """Make vLLM's host penalty path stand aside for batches served by DevicePenaltiesProcessor."""
-    from deploykit.installed import installed_vllm_version
-
-    version = installed_vllm_version() or "unknown"
-    check = check_target()
-    if check.status is TargetStatus.FIXED_UPSTREAM:
-        message = f"nothing: vLLM {version} is fixed upstream ({check.detail})"
-        logging.getLogger("vllm").info("deploykit %s: %s", NAME, message)
-        return message
-    if check.status is not TargetStatus.APPLICABLE:
-        raise FixError(f"{NAME}: cannot apply to vLLM {version}: {check.status.value}: {check.detail}")
+    note = upstream_guard(NAME, check_target())
+    if note is not None:
+        return note
     from deploykit.fixes import _penalties_processor
 
     return _penalties_processor.install_stand_aside()

@@ -17,8 +17,9 @@ from deploykit import errors
 
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_MODELS = ("tiny-llama",)
-_SECRET_NAME = re.compile(
-    r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL)", re.I
+# Names whose values are secrets: a profile must reference them, and serve redacts their values.
+SECRET_NAME = re.compile(
+    r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL", re.I
 )
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -161,7 +162,7 @@ class Profile(_Strict):
         for key, value in env.items():
             if not _ENV_NAME.match(key):
                 raise ValueError(f"env var {key}: not a valid environment variable name")
-            if isinstance(value, str) and _SECRET_NAME.search(key):
+            if isinstance(value, str) and SECRET_NAME.search(key):
                 raise ValueError(
                     f"env var {key}: looks like a secret: never write its value in a profile; "
                     f"use `{key}: {{secret: {key}}}` to take it from the environment at launch"

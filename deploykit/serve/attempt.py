@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from deploykit import net
-from deploykit.paths import default_log_dir
+from deploykit.paths import default_cache_dir, default_log_dir
 from deploykit.profile.schema import FixMode
 from deploykit.serve.console import ConsoleUI, LogFollower
 from deploykit.serve.helpers import (
@@ -230,11 +230,10 @@ def _short_tail(tail: str, lines: int = 12) -> str:
 def _ensure_model(plan: Plan, source: str, ui: ConsoleUI) -> None:
     """Build the builtin tiny model on first use (cached); a missing local path is vLLM's to report."""
     from deploykit.profile.schema import BUILTIN_PREFIX
+    from deploykit.tinymodel import build_tiny_model, is_built
 
-    if not source.startswith(BUILTIN_PREFIX) or (Path(plan.model_path) / "deploykit-recipe.json").exists():
+    if not source.startswith(BUILTIN_PREFIX) or is_built(plan.model_path):
         return
-    from deploykit.tinymodel import build_tiny_model, default_cache_dir
-
     ui.say(f"building the tiny demo model locally (first use, cached in {default_cache_dir()}) ...")
     built = build_tiny_model()
     if str(built) != plan.model_path:

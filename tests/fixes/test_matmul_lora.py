@@ -351,7 +351,7 @@ def test_target_with_another_shape_fails_loudly(monkeypatch: pytest.MonkeyPatch)
     assert check.status is TargetStatus.TARGET_MISSING
     assert "not a PunicaWrapperBase" in check.detail and "expected" in check.detail
     version = matmul_lora._vllm_version()
-    with pytest.raises(FixError, match=rf"matmul_lora: cannot patch vLLM {re.escape(version)}"):
+    with pytest.raises(FixError, match=rf"matmul_lora: cannot apply to vLLM {re.escape(version)}"):
         matmul_lora.apply()
 
     monkeypatch.setattr(matmul_lora, "_wrapper_qualname", lambda: "vllm.lora.punica_wrapper.nowhere.Gone")
@@ -378,7 +378,7 @@ def test_installed_triton_wrapper_is_affected_and_an_upstream_fix_is_left_alone(
     monkeypatch.setattr(matmul_lora, "_gpu_wrapper_source", lambda: fixed)
     assert matmul_lora.check_target().status is TargetStatus.FIXED_UPSTREAM
     original = cpu_wrapper_class.add_lora_linear
-    assert matmul_lora.apply().startswith("nothing (fixed upstream")
+    assert matmul_lora.apply().startswith("nothing patched: vLLM")
     assert cpu_wrapper_class.add_lora_linear is original
 
 
