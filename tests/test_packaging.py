@@ -21,6 +21,7 @@ from deploykit.paths import SHIPPED_DATA, packaged_data_dir, shipped_data_dir, t
 from tests.vllm_harness import REPO
 
 SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "deploykit", *SHIPPED_DATA)
+FACTS = REPO / "tests" / "fixtures" / "facts"
 SHIPPED_PROFILES = sorted(p.stem for p in (REPO / "profiles").glob("*.yaml"))
 
 
@@ -83,16 +84,8 @@ def test_the_wheel_holds_the_shipped_data_inside_the_package(target_install: Pat
 
 
 def test_a_target_install_lists_the_shipped_profiles(target_install: Path, tmp_path: Path) -> None:
-    result = _installed_deploykit(
-        target_install,
-        "profiles",
-        "list",
-        "--facts",
-        str(REPO / "tests" / "fixtures" / "facts" / "t4.json"),
-        "--format",
-        "json",
-        cwd=tmp_path,
-    )
+    args = ["profiles", "list", "--facts", str(FACTS / "t4.json"), "--format", "json"]
+    result = _installed_deploykit(target_install, *args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     rows = json.loads(result.stdout)
     assert sorted(row["name"] for row in rows) == SHIPPED_PROFILES
@@ -101,18 +94,8 @@ def test_a_target_install_lists_the_shipped_profiles(target_install: Path, tmp_p
 
 
 def test_a_target_install_renders_a_systemd_unit(target_install: Path, tmp_path: Path) -> None:
-    result = _installed_deploykit(
-        target_install,
-        "render",
-        "systemd",
-        "--profile",
-        "demo-cpu",
-        "--facts",
-        str(REPO / "tests" / "fixtures" / "facts" / "no-gpu.json"),
-        "--out",
-        str(tmp_path / "out"),
-        cwd=tmp_path,
-    )
+    args = ["render", "systemd", "--profile", "demo-cpu", "--facts", str(FACTS / "no-gpu.json")]
+    result = _installed_deploykit(target_install, *args, "--out", str(tmp_path / "out"), cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     unit = (tmp_path / "out" / "deploykit-demo-cpu.service").read_text()
     assert "ExecStart=" in unit

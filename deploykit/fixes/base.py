@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from enum import StrEnum
 from typing import Protocol
 
@@ -26,6 +27,18 @@ class FixDecision(BaseModel):
     mode: FixMode
     decision: Decision
     reason: str = Field(description="one line naming the facts the decision used")
+
+
+TURNED_OFF = "turned off by the profile"
+
+
+def decision_maker(name: str, mode: FixMode) -> Callable[[Decision, str], FixDecision]:
+    """A fix's `result(decision, reason)` for one decide() call: the name and mode filled in."""
+
+    def result(decision: Decision, reason: str) -> FixDecision:
+        return FixDecision(name=name, mode=mode, decision=decision, reason=reason)
+
+    return result
 
 
 class TargetStatus(StrEnum):

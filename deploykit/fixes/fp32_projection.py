@@ -16,6 +16,7 @@ import weakref
 from typing import Any
 
 from deploykit.fixes.base import (
+    TURNED_OFF,
     Decision,
     DecisionInputs,
     FixDecision,
@@ -23,6 +24,7 @@ from deploykit.fixes.base import (
     FixMode,
     TargetCheck,
     TargetStatus,
+    decision_maker,
     upstream_guard,
 )
 from deploykit.installed import vllm_version_label
@@ -55,11 +57,9 @@ PATCH_MARKER = "__deploykit_fp32_projection__"
 
 
 def decide(inputs: DecisionInputs, mode: FixMode) -> FixDecision:
-    def result(decision: Decision, reason: str) -> FixDecision:
-        return FixDecision(name=NAME, mode=mode, decision=decision, reason=reason)
-
+    result = decision_maker(NAME, mode)
     if mode is FixMode.OFF:
-        return result(Decision.NOT_NEEDED, "turned off by the profile")
+        return result(Decision.NOT_NEEDED, TURNED_OFF)
     is_gemma4_unified = any(arch in ARCHITECTURES for arch in inputs.model_architectures)
     if mode is FixMode.ON:
         if not is_gemma4_unified:

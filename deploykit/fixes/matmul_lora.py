@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from deploykit.fixes.base import (
+    TURNED_OFF,
     Decision,
     DecisionInputs,
     FixDecision,
@@ -21,6 +22,7 @@ from deploykit.fixes.base import (
     FixMode,
     TargetCheck,
     TargetStatus,
+    decision_maker,
     upstream_guard,
 )
 from deploykit.installed import vllm_version_label
@@ -45,11 +47,9 @@ PATCH_MARKER = "_deploykit_matmul_lora"
 
 
 def decide(inputs: DecisionInputs, mode: FixMode) -> FixDecision:
-    def result(decision: Decision, reason: str) -> FixDecision:
-        return FixDecision(name=NAME, mode=mode, decision=decision, reason=reason)
-
+    result = decision_maker(NAME, mode)
     if mode is FixMode.OFF:
-        return result(Decision.NOT_NEEDED, "turned off by the profile")
+        return result(Decision.NOT_NEEDED, TURNED_OFF)
     if not inputs.lora_enabled:
         if mode is FixMode.ON:
             return result(Decision.IMPOSSIBLE, "forced on, but the profile does not enable LoRA")

@@ -10,12 +10,14 @@ import importlib.util
 from typing import Any
 
 from deploykit.fixes.base import (
+    TURNED_OFF,
     Decision,
     DecisionInputs,
     FixDecision,
     FixMode,
     TargetCheck,
     TargetStatus,
+    decision_maker,
     upstream_guard,
 )
 from deploykit.vllm_compat import default_model_runner
@@ -33,11 +35,9 @@ def effective_runner(inputs: DecisionInputs) -> str:
 
 
 def decide(inputs: DecisionInputs, mode: FixMode) -> FixDecision:
-    def result(decision: Decision, reason: str) -> FixDecision:
-        return FixDecision(name=NAME, mode=mode, decision=decision, reason=reason)
-
+    result = decision_maker(NAME, mode)
     if mode is FixMode.OFF:
-        return result(Decision.NOT_NEEDED, "turned off by the profile")
+        return result(Decision.NOT_NEEDED, TURNED_OFF)
     runner = effective_runner(inputs)
     version = inputs.vllm_version or "unknown"
     if runner == "v2":
