@@ -139,7 +139,7 @@ def main() -> None:
     parser.add_argument("--write", type=Path, help="write the section into this file (docs/benchmarks.md)")
     args = parser.parse_args()
 
-    from deploykit.serve.launch import free_port
+    from deploykit.net import free_port
     from deploykit.tinymodel import build_tiny_model
 
     build_tiny_model()  # cached; building is a first-use cost, not overhead

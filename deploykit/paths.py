@@ -1,14 +1,16 @@
 """Every location deploykit reads or writes: environment overrides, platformdirs, shipped data.
 
-Each user directory is "the environment variable when set, else platformdirs"; shipped profiles and
-templates are found next to the package (editable install) or under <prefix>/share/deploykit (wheel).
-platformdirs is imported inside the functions, so importing this module costs nothing.
+Each user directory is "the environment variable when set, else platformdirs". The shipped profiles and
+templates live at the top of the repository and ship inside the package as `deploykit/_data/` (setup.py
+copies them into every wheel); an installed deploykit reads them through `importlib.resources` whatever the
+install mode (venv, `--user`, `--target`), and a source checkout or editable install, which has no
+`_data/`, reads the repository's own folders. platformdirs and importlib.resources are imported inside the
+functions, so importing this module costs nothing.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 APP_NAME = "deploykit"
@@ -17,66 +19,85 @@ MODEL_CACHE_ENV_VAR = "DEPLOYKIT_MODEL_CACHE"
 STORE_ENV_VAR = "DEPLOYKIT_STORE"
 
 PACKAGE_DIR = Path(__file__).resolve().parent
+DATA_PACKAGE_DIR = "_data"  # inside the package: where a wheel holds profiles/ and templates/
+SHIPPED_DATA = ("profiles", "templates")
 
 
 # --- user directories -------------------------------------------------------------------------------
 
 
-def user_profile_dir() -> Path:
-    env = os.environ.get(PROFILE_DIR_ENV_VAR)
-    if env:
-        return Path(env)
-    from platformdirs import user_config_dir
+def _user_dir(kind: str, env_var: str | None = None, below: str = "") -> Path:
+    """`env_var` when set, else platformdirs' user directory of that kind (config, cache, log, data)."""
+    configured = os.environ.get(env_var) if env_var else None
+    if configured:
+        return Path(configured)
+    import platformdirs
 
-    return Path(user_config_dir(APP_NAME)) / "profiles"
+    finder = {
+        "config": platformdirs.user_config_dir,
+        "cache": platformdirs.user_cache_dir,
+        "log": platformdirs.user_log_dir,
+        "data": platformdirs.user_data_dir,
+    }[kind]
+    return Path(finder(APP_NAME)) / below
+
+
+def user_profile_dir() -> Path:
+    """DEPLOYKIT_PROFILE_DIR, else profiles/ in the user's config directory."""
+    return _user_dir("config", PROFILE_DIR_ENV_VAR, "profiles")
 
 
 def default_cache_dir() -> Path:
-    """Where built tiny models are cached."""
-    env = os.environ.get(MODEL_CACHE_ENV_VAR)
-    if env:
-        return Path(env)
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir(APP_NAME)) / "models"
+    """Where built tiny models are cached: DEPLOYKIT_MODEL_CACHE, else models/ in the user cache directory."""
+    return _user_dir("cache", MODEL_CACHE_ENV_VAR, "models")
 
 
 def default_log_dir() -> Path:
     """Where `deploykit serve` writes vLLM's log unless told otherwise."""
-    from platformdirs import user_log_dir
-
-    return Path(user_log_dir(APP_NAME))
+    return _user_dir("log")
 
 
 def default_store_url() -> str:
     """DEPLOYKIT_STORE when set, else SQLite in the user's data directory."""
-    configured = os.environ.get(STORE_ENV_VAR)
-    if configured:
-        return configured
-    from platformdirs import user_data_dir
-
-    return f"sqlite:///{Path(user_data_dir(APP_NAME)) / 'results.sqlite'}"
+    return os.environ.get(STORE_ENV_VAR) or f"sqlite:///{_user_dir('data') / 'results.sqlite'}"
 
 
 # --- shipped data -----------------------------------------------------------------------------------
 
 
-def shipped_profile_dirs() -> list[Path]:
-    """Where shipped profiles live: the repo (editable install) and <prefix>/share/deploykit (wheel)."""
-    candidates = [PACKAGE_DIR.parent / "profiles", Path(sys.prefix) / "share" / APP_NAME / "profiles"]
-    return [c for c in candidates if c.is_dir()]
+def packaged_data_dir(name: str, package_dir: Path | None = None) -> Path:
+    """Where the package holds a shipped folder (`profiles` or `templates`), read by importlib.resources.
+
+    `package_dir` stands in for the installed package (tests)."""
+    if name not in SHIPPED_DATA:
+        raise ValueError(f"no shipped data folder {name!r}; there are {', '.join(SHIPPED_DATA)}")
+    if package_dir is not None:
+        return package_dir / DATA_PACKAGE_DIR / name
+    from importlib.resources import files
+
+    # A package on the file system (every pip install mode) is a plain directory: its path is the Path.
+    return Path(str(files(APP_NAME).joinpath(DATA_PACKAGE_DIR, name)))
 
 
-def installed_template_dir(prefix: Path | None = None) -> Path:
-    """<prefix>/share/deploykit/templates, where a wheel installs the templates."""
-    return (prefix or Path(sys.prefix)) / "share" / APP_NAME / "templates"
-
-
-def template_dirs(package_dir: Path | None = None, prefix: Path | None = None) -> list[Path]:
-    """Where templates live: the repo (editable install), then <prefix>/share/deploykit (wheel)."""
+def shipped_data_dir(name: str, package_dir: Path | None = None) -> Path | None:
+    """The shipped `profiles` or `templates` folder: the package's own copy (any installed wheel), else the
+    repository's top-level folder (a source checkout or an editable install); None when neither is there."""
     package = package_dir or PACKAGE_DIR
-    candidates = [package.parent / "templates", installed_template_dir(prefix)]
-    return [c for c in candidates if (c / "systemd").is_dir() and (c / "helm").is_dir()]
+    for candidate in (packaged_data_dir(name, package_dir), package.parent / name):
+        if candidate.is_dir():
+            return candidate
+    return None
+
+
+def shipped_profile_dirs() -> list[Path]:
+    found = shipped_data_dir("profiles")
+    return [found] if found else []
+
+
+def template_dir() -> Path | None:
+    """The shipped templates (systemd/ and helm/), or None when this install lacks them."""
+    found = shipped_data_dir("templates")
+    return found if found and (found / "systemd").is_dir() and (found / "helm").is_dir() else None
 
 
 # --- owner-only files -------------------------------------------------------------------------------

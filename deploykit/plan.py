@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from deploykit import net
 from deploykit.fixes import FIX_NAMES as FIX_NAMES  # `--fix NAME=...` checks names against these
 from deploykit.fixes import load_fix
 from deploykit.fixes.base import Decision, DecisionInputs, FixDecision
@@ -106,10 +107,9 @@ def resolve_model_path(profile: Profile) -> str:
     """The path vLLM is given: builtin models resolve to their cache directory (built on first serve)."""
     source = profile.model.source
     if source.startswith(BUILTIN_PREFIX):
-        from deploykit.tinymodel import TinyModelRecipe, default_cache_dir
+        from deploykit.tinymodel import tiny_model_dir
 
-        recipe = TinyModelRecipe()
-        return str(default_cache_dir() / f"tiny-llama-{recipe.behaviour}-{recipe.key()}")
+        return str(tiny_model_dir())
     return source
 
 
@@ -279,24 +279,12 @@ def _extra_arg_conflicts(profile: Profile) -> list[str]:
     return errors
 
 
-def listens_beyond_loopback(host: str) -> bool:
-    """Whether a server bound to `host` can be reached from other machines."""
-    import ipaddress
-
-    if host in ("", "0.0.0.0", "::"):
-        return True
-    try:
-        return not ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host != "localhost"
-
-
 def unauthenticated_exposure(profile: Profile) -> str | None:
     """Why the profile's server is open to the network without an API key, or None when it is not (or
     the profile states `serve.allow_unauthenticated: true`). A warning in `plan` and `profiles list`;
     `serve` and `render` refuse such a profile."""
     serve = profile.serve
-    if serve.api_key_env or serve.allow_unauthenticated or not listens_beyond_loopback(serve.host):
+    if serve.api_key_env or serve.allow_unauthenticated or not net.listens_beyond_loopback(serve.host):
         return None
     return (
         f"serve.host is {serve.host} (reachable from other machines) and there is no serve.api_key_env: "

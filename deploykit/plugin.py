@@ -45,9 +45,9 @@ def register() -> None:
     names = requested_fixes()
     if not names:
         return
-    from deploykit.installed import installed_vllm_version
+    from deploykit.installed import vllm_version_label
 
-    version = installed_vllm_version() or "unknown"
+    version = vllm_version_label()
     for name in names:
         if name in _applied:
             continue

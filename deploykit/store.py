@@ -21,9 +21,7 @@ import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict, Field
 
 from deploykit import errors
-from deploykit.paths import STORE_ENV_VAR as STORE_ENV_VAR
-from deploykit.paths import create_private_file, make_private_dirs
-from deploykit.paths import default_store_url as default_store_url
+from deploykit.paths import STORE_ENV_VAR, create_private_file, default_store_url, make_private_dirs
 from deploykit.smoke import CaseResult
 
 # Any constant works; it names "deploykit migrations" among the database's advisory locks.

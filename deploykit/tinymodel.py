@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from deploykit.paths import default_cache_dir as default_cache_dir
+from deploykit.paths import default_cache_dir
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -86,18 +86,31 @@ def train_tokenizer(vocab_size: int) -> Any:
     return fast
 
 
+RECIPE_FILE = "deploykit-recipe.json"  # written last: a directory holding it is a finished build
+
+
+def tiny_model_dir(recipe: TinyModelRecipe | None = None, cache_dir: Path | None = None) -> Path:
+    """Where the recipe's model is (or will be) built: its cache directory, keyed by the recipe."""
+    recipe = recipe or TinyModelRecipe()
+    return (cache_dir or default_cache_dir()) / f"tiny-llama-{recipe.behaviour}-{recipe.key()}"
+
+
+def is_built(model_dir: Path | str) -> bool:
+    return (Path(model_dir) / RECIPE_FILE).exists()
+
+
 def build_tiny_model(recipe: TinyModelRecipe | None = None, cache_dir: Path | None = None) -> Path:
     """Build (or reuse) a tiny Llama checkpoint; returns its directory. Safe to call concurrently."""
     recipe = recipe or TinyModelRecipe()
-    root = cache_dir or default_cache_dir()
-    target = root / f"tiny-llama-{recipe.behaviour}-{recipe.key()}"
-    if (target / "deploykit-recipe.json").exists():
+    target = tiny_model_dir(recipe, cache_dir)
+    if is_built(target):
         return target
+    root = target.parent
     root.mkdir(parents=True, exist_ok=True)
     staging = root / f".{target.name}.{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     _write_model(recipe, staging)
-    (staging / "deploykit-recipe.json").write_text(recipe.model_dump_json(indent=2))
+    (staging / RECIPE_FILE).write_text(recipe.model_dump_json(indent=2))
     try:
         staging.rename(target)
     except OSError:  # another process finished first

@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from typer.testing import CliRunner
 
 from deploykit.cli import app
+from deploykit.paths import default_store_url
 from deploykit.smoke import CaseResult
 from deploykit.store import (
     MIGRATIONS_TABLE,
@@ -25,7 +26,6 @@ from deploykit.store import (
     StoreError,
     _results_table,
     create_store_engine,
-    default_store_url,
     display_url,
     normalise_url,
     open_store,

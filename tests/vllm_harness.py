@@ -13,7 +13,8 @@ from pathlib import Path
 
 import httpx
 
-from deploykit.serve.launch import LaunchError, ServerProcess, free_port, start_server
+from deploykit.net import free_port
+from deploykit.serve.launch import LaunchError, ServerProcess, start_server
 
 REPO = Path(__file__).resolve().parents[1]
 STARTUP_TIMEOUT_S = float(os.environ.get("DEPLOYKIT_TEST_STARTUP_TIMEOUT", "240"))

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
-from deploykit.fixes.base import FixError, TargetCheck, TargetStatus
+from deploykit.fixes.base import TargetCheck, TargetStatus, upstream_guard
 
 logger = logging.getLogger("vllm.deploykit.penalties")
 
@@ -47,12 +47,6 @@ BYTES_PER_ROW = 8  # size int64
 # On CPU the penalty runs over chunks of rows holding about this many slots: the logits a chunk gathers
 # (one 64-byte line each) stay in the L2/L3 cache until the chunk scatters them back.
 CPU_CHUNK_SLOTS = 16384
-
-
-def _vllm_version() -> str:
-    from deploykit.installed import installed_vllm_version
-
-    return installed_vllm_version() or "unknown"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -175,17 +169,8 @@ def remove_stand_aside() -> None:
 
 def engage_or_pass_through() -> bool:
     """Called by each processor: True when it must apply penalties (host path made to stand aside)."""
-    check = check_target()
-    if check.status is TargetStatus.FIXED_UPSTREAM:
-        logger.info(
-            "deploykit %s: vLLM %s already fixed upstream (%s); the processor passes logits through",
-            FIX_NAME,
-            _vllm_version(),
-            check.detail,
-        )
-        return False
-    if check.status is not TargetStatus.APPLICABLE:
-        raise FixError(f"{FIX_NAME}: cannot apply to vLLM {_vllm_version()}: {check.detail}")
+    if upstream_guard(FIX_NAME, check_target()) is not None:
+        return False  # fixed upstream: the processor passes logits through
     install_stand_aside()
     return True
 

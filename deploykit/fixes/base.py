@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from enum import StrEnum
 from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from deploykit import errors
+from deploykit.installed import vllm_version_label
 from deploykit.probe.facts import GpuFacts
 from deploykit.profile.schema import FixMode as FixMode  # the modes a profile sets; defined with the schema
 
@@ -25,6 +28,18 @@ class FixDecision(BaseModel):
     mode: FixMode
     decision: Decision
     reason: str = Field(description="one line naming the facts the decision used")
+
+
+TURNED_OFF = "turned off by the profile"
+
+
+def decision_maker(name: str, mode: FixMode) -> Callable[[Decision, str], FixDecision]:
+    """A fix's `result(decision, reason)` for one decide() call: the name and mode filled in."""
+
+    def result(decision: Decision, reason: str) -> FixDecision:
+        return FixDecision(name=name, mode=mode, decision=decision, reason=reason)
+
+    return result
 
 
 class TargetStatus(StrEnum):
@@ -60,6 +75,19 @@ class DecisionInputs(BaseModel):
 
 class FixError(errors.FixError, RuntimeError):
     """A fix could not be applied; the message names the fix and the vLLM version."""
+
+
+def upstream_guard(name: str, check: TargetCheck) -> str | None:
+    """What every fix checks before it patches. None: the target is there as expected, patch it. A note
+    (also written to vLLM's log): this vLLM is fixed upstream, patch nothing. FixError: anything else."""
+    version = vllm_version_label()
+    if check.status is TargetStatus.FIXED_UPSTREAM:
+        note = f"nothing patched: vLLM {version} is fixed upstream ({check.detail})"
+        logging.getLogger(f"vllm.deploykit.{name}").info("deploykit %s: %s", name, note)
+        return note
+    if check.status is not TargetStatus.APPLICABLE:
+        raise FixError(f"{name}: cannot apply to vLLM {version}: {check.status.value}: {check.detail}")
+    return None
 
 
 class Fix(Protocol):

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import functools
 import inspect
-import logging
 import weakref
 from typing import Any
 
 from deploykit.fixes.base import (
+    TURNED_OFF,
     Decision,
     DecisionInputs,
     FixDecision,
@@ -24,7 +24,10 @@ from deploykit.fixes.base import (
     FixMode,
     TargetCheck,
     TargetStatus,
+    decision_maker,
+    upstream_guard,
 )
+from deploykit.installed import vllm_version_label
 
 NAME = "fp32_projection"
 SUMMARY = "Gemma4 Unified vision projection + LayerNorm in FP32 on GPUs without native BF16"
@@ -52,15 +55,11 @@ EXPECTED_LINEAR_PARAMS = (
 UPSTREAM_FIX_MARKERS = ("supported_dtypes", "float32")
 PATCH_MARKER = "__deploykit_fp32_projection__"
 
-logger = logging.getLogger("vllm.deploykit.fp32_projection")
-
 
 def decide(inputs: DecisionInputs, mode: FixMode) -> FixDecision:
-    def result(decision: Decision, reason: str) -> FixDecision:
-        return FixDecision(name=NAME, mode=mode, decision=decision, reason=reason)
-
+    result = decision_maker(NAME, mode)
     if mode is FixMode.OFF:
-        return result(Decision.NOT_NEEDED, "turned off by the profile")
+        return result(Decision.NOT_NEEDED, TURNED_OFF)
     is_gemma4_unified = any(arch in ARCHITECTURES for arch in inputs.model_architectures)
     if mode is FixMode.ON:
         if not is_gemma4_unified:
@@ -97,12 +96,6 @@ def decide(inputs: DecisionInputs, mode: FixMode) -> FixDecision:
 
 def launch_args(inputs: DecisionInputs) -> list[str]:
     return []
-
-
-def _vllm_version() -> str:
-    from deploykit.installed import installed_vllm_version
-
-    return installed_vllm_version() or "unknown"
 
 
 def _check(status: TargetStatus, detail: str) -> TargetCheck:
@@ -193,13 +186,13 @@ def _rebuild_in_fp32(embedder: Any, linear_class: Any, unquantized_class: Any) -
     dense, ln2 = embedder.patch_dense, embedder.patch_ln2
     if not isinstance(dense, linear_class) or not isinstance(ln2, torch.nn.LayerNorm):
         raise FixError(
-            f"fix {NAME} (vLLM {_vllm_version()}): {TARGET_CLASS} built patch_dense as "
+            f"fix {NAME} (vLLM {vllm_version_label()}): {TARGET_CLASS} built patch_dense as "
             f"{type(dense).__name__} and patch_ln2 as {type(ln2).__name__}; "
             "expected ColumnParallelLinear and LayerNorm"
         )
     if not isinstance(dense.quant_method, unquantized_class):
         raise FixError(
-            f"fix {NAME} (vLLM {_vllm_version()}): {dense.prefix} is quantized "
+            f"fix {NAME} (vLLM {vllm_version_label()}): {dense.prefix} is quantized "
             f"({type(dense.quant_method).__name__}); FP32 parameters cannot hold quantized weights and "
             "its output would still overflow FP16. Exclude patch_dense from the quantization config "
             "(its ignore list) or turn the fix off."
@@ -250,15 +243,9 @@ def _add_dtype_hooks(embedder: Any) -> None:
 
 def apply() -> str:
     """Wrap the embedder's __init__ so every new embedder carries FP32 patch_dense / patch_ln2."""
-    check = check_target()
-    version = _vllm_version()
-    if check.status is TargetStatus.FIXED_UPSTREAM:
-        logger.info(
-            "deploykit: fix %s not applied, vLLM %s is fixed upstream: %s", NAME, version, check.detail
-        )
-        return f"{TARGET} (fixed upstream in vLLM {version}; left unchanged)"
-    if check.status is not TargetStatus.APPLICABLE:
-        raise FixError(f"fix {NAME} cannot apply to vLLM {version}: {check.status.value}: {check.detail}")
+    note = upstream_guard(NAME, check_target())
+    if note is not None:
+        return note
     imported = _import_target()
     assert not isinstance(imported, TargetCheck)
     embedder_class, linear_class, unquantized_class = imported

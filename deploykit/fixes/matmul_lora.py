@@ -9,12 +9,12 @@ import ast
 import importlib
 import importlib.util
 import inspect
-import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from deploykit.fixes.base import (
+    TURNED_OFF,
     Decision,
     DecisionInputs,
     FixDecision,
@@ -22,7 +22,10 @@ from deploykit.fixes.base import (
     FixMode,
     TargetCheck,
     TargetStatus,
+    decision_maker,
+    upstream_guard,
 )
+from deploykit.installed import vllm_version_label
 
 if TYPE_CHECKING:
     import torch
@@ -31,7 +34,6 @@ NAME = "matmul_lora"
 SUMMARY = "LoRA linear layers through torch.matmul instead of punica's Triton kernels (NaN on Hopper)"
 PATCHES = "vllm.lora.punica_wrapper: PunicaWrapper*.add_lora_linear"
 
-logger = logging.getLogger("vllm.deploykit.matmul_lora")
 
 # The Triton wrapper whose uninitialised shrink buffer the field report traced the NaN to.
 GPU_WRAPPER_MODULE = "vllm.lora.punica_wrapper.punica_gpu"
@@ -45,11 +47,9 @@ PATCH_MARKER = "_deploykit_matmul_lora"
 
 
 def decide(inputs: DecisionInputs, mode: FixMode) -> FixDecision:
-    def result(decision: Decision, reason: str) -> FixDecision:
-        return FixDecision(name=NAME, mode=mode, decision=decision, reason=reason)
-
+    result = decision_maker(NAME, mode)
     if mode is FixMode.OFF:
-        return result(Decision.NOT_NEEDED, "turned off by the profile")
+        return result(Decision.NOT_NEEDED, TURNED_OFF)
     if not inputs.lora_enabled:
         if mode is FixMode.ON:
             return result(Decision.IMPOSSIBLE, "forced on, but the profile does not enable LoRA")
@@ -163,12 +163,6 @@ def _slice_delta(
 # --------------------------------------------------------------------------------------------------
 # The patch: the punica wrapper class the platform uses routes linear-layer LoRA through the function.
 # --------------------------------------------------------------------------------------------------
-
-
-def _vllm_version() -> str:
-    from deploykit.installed import installed_vllm_version
-
-    return installed_vllm_version() or "unknown"
 
 
 def _wrapper_qualname() -> str:
@@ -299,7 +293,7 @@ def _routed_add_lora_linear(original: Callable[..., Any]) -> Callable[..., Any]:
         unknown = set(kwargs) - HONOURED_KWARGS
         if unknown:
             raise FixError(
-                f"{NAME}: vLLM {_vllm_version()} passed {sorted(unknown)} to add_lora_linear; "
+                f"{NAME}: vLLM {vllm_version_label()} passed {sorted(unknown)} to add_lora_linear; "
                 "the matmul path does not know them. Disable the fix or update deploykit."
             )
         num_tokens = x.reshape(-1, x.shape[-1]).shape[0]
@@ -342,16 +336,9 @@ def patch_wrapper_class(cls: type[Any]) -> None:
 
 def apply() -> str:
     check = check_target()
-    version = _vllm_version()
-    if check.status is TargetStatus.FIXED_UPSTREAM:
-        logger.info(
-            "deploykit %s: vLLM %s already fixed upstream (%s); nothing patched", NAME, version, check
-        )
-        return f"nothing (fixed upstream in vLLM {version}: {check.detail})"
-    if check.status is not TargetStatus.APPLICABLE:
-        raise FixError(
-            f"{NAME}: cannot patch vLLM {version} ({check.status}: {check.target}): {check.detail}"
-        )
+    note = upstream_guard(NAME, check)
+    if note is not None:
+        return note
     cls = _resolve(check.target.rpartition(".")[0])
     patch_wrapper_class(cls)
     return check.target

@@ -7,17 +7,18 @@ and is built on first access (`deploykit.fixes.penalties:DevicePenaltiesProcesso
 from __future__ import annotations
 
 import importlib.util
-import logging
 from typing import Any
 
 from deploykit.fixes.base import (
+    TURNED_OFF,
     Decision,
     DecisionInputs,
     FixDecision,
-    FixError,
     FixMode,
     TargetCheck,
     TargetStatus,
+    decision_maker,
+    upstream_guard,
 )
 from deploykit.vllm_compat import default_model_runner
 
@@ -34,11 +35,9 @@ def effective_runner(inputs: DecisionInputs) -> str:
 
 
 def decide(inputs: DecisionInputs, mode: FixMode) -> FixDecision:
-    def result(decision: Decision, reason: str) -> FixDecision:
-        return FixDecision(name=NAME, mode=mode, decision=decision, reason=reason)
-
+    result = decision_maker(NAME, mode)
     if mode is FixMode.OFF:
-        return result(Decision.NOT_NEEDED, "turned off by the profile")
+        return result(Decision.NOT_NEEDED, TURNED_OFF)
     runner = effective_runner(inputs)
     version = inputs.vllm_version or "unknown"
     if runner == "v2":
@@ -77,16 +76,9 @@ def check_target() -> TargetCheck:
 
 def apply() -> str:
     """Make vLLM's host penalty path stand aside for batches served by DevicePenaltiesProcessor."""
-    from deploykit.installed import installed_vllm_version
-
-    version = installed_vllm_version() or "unknown"
-    check = check_target()
-    if check.status is TargetStatus.FIXED_UPSTREAM:
-        message = f"nothing: vLLM {version} is fixed upstream ({check.detail})"
-        logging.getLogger("vllm").info("deploykit %s: %s", NAME, message)
-        return message
-    if check.status is not TargetStatus.APPLICABLE:
-        raise FixError(f"{NAME}: cannot apply to vLLM {version}: {check.status.value}: {check.detail}")
+    note = upstream_guard(NAME, check_target())
+    if note is not None:
+        return note
     from deploykit.fixes import _penalties_processor
 
     return _penalties_processor.install_stand_aside()

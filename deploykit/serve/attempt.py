@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from deploykit.paths import default_log_dir
+from deploykit import net
+from deploykit.paths import default_cache_dir, default_log_dir
 from deploykit.profile.schema import FixMode
 from deploykit.serve.console import ConsoleUI, LogFollower
 from deploykit.serve.helpers import (
@@ -26,7 +27,6 @@ from deploykit.serve.helpers import (
     ServeFailure,
     argv_value,
     child_environment,
-    client_host,
     deploykit_version,
     exit_code_for,
     open_results_store,
@@ -137,7 +137,7 @@ def _prepare_and_launch(attempt: Attempt, ui: ConsoleUI) -> None:
     from deploykit.probe.load import probe
     from deploykit.profile.load import load_profile
     from deploykit.profile.schema import ProfileError
-    from deploykit.serve.launch import LaunchError, port_in_use, start_server
+    from deploykit.serve.launch import LaunchError, start_server
 
     options = attempt.options
     try:
@@ -170,10 +170,10 @@ def _prepare_and_launch(attempt: Attempt, ui: ConsoleUI) -> None:
         ui.warn(warning)
     host = argv_value(argv, "--host", "127.0.0.1")
     port = int(argv_value(argv, "--port", "8000"))
-    attempt.base_url = f"http://{client_host(host)}:{port}"
+    attempt.base_url = net.base_url(host, port)
 
     attempt.stage = "port"
-    if port_in_use(port, host if host not in ("0.0.0.0", "::") else "0.0.0.0"):
+    if net.port_in_use(port, host):
         raise ServeFailure(
             "port",
             f"port {port} on {host} is already in use; stop what listens there or pass --port N",
@@ -194,7 +194,7 @@ def _prepare_and_launch(attempt: Attempt, ui: ConsoleUI) -> None:
     launch_argv = resolve_executable(argv)
     attempt.timings["before_launch_s"] = round(time.monotonic() - attempt.started, 4)
     try:
-        attempt.server = start_server(launch_argv, env, log_path=log_path, host=client_host(host), port=port)
+        attempt.server = start_server(launch_argv, env, log_path=log_path, host=host, port=port)
     except LaunchError as exc:
         raise ServeFailure("launch", str(exc)) from None
     ui.say(f"vLLM started: pid {attempt.server.pid} (own process group), log {log_path}")
@@ -244,11 +244,10 @@ def _short_tail(tail: str, lines: int = 12) -> str:
 def ensure_model(plan: Plan, source: str, ui: ConsoleUI) -> None:
     """Build the builtin tiny model on first use (cached); a missing local path is vLLM's to report."""
     from deploykit.profile.schema import BUILTIN_PREFIX
+    from deploykit.tinymodel import build_tiny_model, is_built
 
-    if not source.startswith(BUILTIN_PREFIX) or (Path(plan.model_path) / "deploykit-recipe.json").exists():
+    if not source.startswith(BUILTIN_PREFIX) or is_built(plan.model_path):
         return
-    from deploykit.tinymodel import build_tiny_model, default_cache_dir
-
     ui.say(f"building the tiny demo model locally (first use, cached in {default_cache_dir()}) ...")
     built = build_tiny_model()
     if str(built) != plan.model_path:

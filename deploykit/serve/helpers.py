@@ -10,6 +10,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from deploykit.profile.schema import SECRET_NAME
+
 if TYPE_CHECKING:
     from deploykit.plan import Plan
     from deploykit.serve.console import ConsoleUI
@@ -18,10 +20,6 @@ if TYPE_CHECKING:
 EXIT_PASS = 0
 EXIT_FAIL = 1
 REDACTED = "***"
-# Names whose values are secrets even when no profile declares them (an inherited HF_TOKEN, say).
-_SECRET_NAME = re.compile(
-    r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL", re.I
-)
 _HF_TOKEN_SHAPE = re.compile(r"\bhf_[A-Za-z0-9]{20,}\b")
 _MIN_SECRET_LEN = 6
 
@@ -49,10 +47,6 @@ def with_port(argv: Sequence[str], port: int) -> list[str]:
 
 def argv_value(argv: Sequence[str], flag: str, default: str) -> str:
     return argv[argv.index(flag) + 1] if flag in argv and argv.index(flag) + 1 < len(argv) else default
-
-
-def client_host(bind_host: str) -> str:
-    return "127.0.0.1" if bind_host in ("0.0.0.0", "::", "") else bind_host
 
 
 def resolve_executable(argv: Sequence[str]) -> list[str]:
@@ -86,9 +80,10 @@ def child_environment(plan: Plan, parent: Mapping[str, str]) -> dict[str, str]:
 
 
 def secret_values(plan: Plan | None, parent: Mapping[str, str]) -> list[str]:
-    """Every value that must never be printed or stored: referenced secrets and secret-named variables."""
+    """Every value that must never be printed or stored: referenced secrets and secret-named variables
+    (an inherited HF_TOKEN, say, that no profile declares)."""
     values = {parent[source] for source in (plan.secret_env.values() if plan else []) if parent.get(source)}
-    values.update(value for name, value in parent.items() if _SECRET_NAME.search(name) and value)
+    values.update(value for name, value in parent.items() if SECRET_NAME.search(name) and value)
     return sorted((v for v in values if len(v) >= _MIN_SECRET_LEN), key=len, reverse=True)
 
 

@@ -9,16 +9,13 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from deploykit import errors
+from deploykit import errors, net
 from deploykit.paths import create_private_file, make_private_dirs
 
 
@@ -30,22 +27,6 @@ class LaunchError(errors.LaunchError, RuntimeError):
         super().__init__(message)
         self.server_exit_code = server_exit_code
         self.log_tail = log_tail
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return True
-    return False
 
 
 def read_tail(path: Path, max_lines: int = 40) -> str:
@@ -99,7 +80,7 @@ class ServerProcess:
                     server_exit_code=code,
                     log_tail=self.log_tail(),
                 )
-            if _health_ok(self.base_url):
+            if net.health_ok(net.health_url(self.base_url), timeout_s=2):
                 return time.monotonic() - self.started_at
             now = time.monotonic()
             if on_progress is not None:
@@ -129,14 +110,6 @@ class ServerProcess:
             while _group_alive(pgid) and time.monotonic() < deadline + 10:
                 time.sleep(0.1)
         return self.process.returncode
-
-
-def _health_ok(base_url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{base_url}/health", timeout=2) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
@@ -169,7 +142,9 @@ def start_server(
     host: str,
     port: int,
 ) -> ServerProcess:
-    """Start vLLM in a new session (its own process group) with stdout and stderr in `log_path`."""
+    """Start vLLM in a new session (its own process group) with stdout and stderr in `log_path`.
+
+    `host` is the host vLLM binds (`--host`): a wildcard is reached at its family's loopback."""
     argv = [*_parent_death_guard(), *argv]
     try:
         make_private_dirs(log_path.parent)  # logs may hold prompts and paths: the owner's alone
@@ -190,4 +165,4 @@ def start_server(
         log_file.close()
         raise LaunchError(f"could not start {argv[0]!r}: {exc.strerror}") from exc
     log_file.close()
-    return ServerProcess(process=process, log_path=log_path, base_url=f"http://{host}:{port}")
+    return ServerProcess(process=process, log_path=log_path, base_url=net.base_url(host, port))

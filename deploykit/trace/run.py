@@ -115,6 +115,7 @@ def send_cases(
 
 def run_trace(options: TraceOptions, say: Any = None) -> tuple[int, TraceReport | None]:
     """One trace attempt; returns (exit code, report). Stores exactly one row whatever happens."""
+    from deploykit.net import free_port
     from deploykit.paths import default_log_dir
     from deploykit.plan import make_plan
     from deploykit.probe.load import probe
@@ -128,7 +129,7 @@ def run_trace(options: TraceOptions, say: Any = None) -> tuple[int, TraceReport 
         resolve_executable,
         secret_values,
     )
-    from deploykit.serve.launch import LaunchError, free_port, start_server
+    from deploykit.serve.launch import LaunchError, start_server
     from deploykit.smoke import smoke_requests, special_token_ids
     from deploykit.store import ResultRecord
     from deploykit.trace.report import analyse, read_trace_dir, render_text

@@ -16,18 +16,9 @@ from typer.testing import CliRunner
 import deploykit.probe.load
 import deploykit.probe.nvml_reader
 from deploykit.cli import app
-from tests.fakes.fake_nvml import FakeNvml, load_gpu_fixture
+from tests.fakes.fake_nvml import CONTRACT_KEYS, FakeNvml, load_gpu_fixture
 
 DEPLOYKIT = Path(sys.executable).with_name("deploykit")
-CONTRACT_KEYS = {
-    "schema_version",
-    "driver_version",
-    "cuda_driver_version",
-    "vllm_version",
-    "torch_version",
-    "gpus",
-    "error",
-}
 
 
 def _machine_has_nvml() -> bool:

@@ -133,7 +133,7 @@ def gemma4_unified_in_one_process() -> Iterator[Any]:
     from vllm.distributed import parallel_state
     from vllm.model_executor.models import gemma4_unified
 
-    from deploykit.serve.launch import free_port
+    from deploykit.net import free_port
 
     started_here = not parallel_state.model_parallel_is_initialized()
     if started_here:

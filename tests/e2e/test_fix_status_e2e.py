@@ -176,7 +176,7 @@ def test_plugin_left_out_by_vllm_plugins_fails_smoke_naming_the_fix(
 
 def test_serve_check_records_the_planned_fix_active(tmp_path: Path) -> None:
     store = f"sqlite:///{tmp_path / 'r.sqlite'}"
-    from deploykit.serve.launch import free_port
+    from deploykit.net import free_port
 
     result = deploykit_cli(
         "serve", "-p", "demo-cpu", "--fix", f"{FIX}=on", "--check", "--quiet", "--port", str(free_port()),

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from deploykit.serve.launch import free_port, port_in_use
+from deploykit.net import free_port, port_in_use
 from deploykit.store import ResultRecord, open_store
 from tests.e2e.serve_helpers import (
     CommandRun,

@@ -43,6 +43,17 @@ READ_ONLY_CALLS = frozenset(
     }
 )
 
+# The top-level keys of `deploykit probe --format json` that other tools may rely on.
+CONTRACT_KEYS = {
+    "schema_version",
+    "driver_version",
+    "cuda_driver_version",
+    "vllm_version",
+    "torch_version",
+    "gpus",
+    "error",
+}
+
 
 @dataclass(frozen=True)
 class FakeGpu:

@@ -335,6 +335,6 @@ def test_changed_target_shape_fails_loudly(vllm_one_process: Any, monkeypatch: p
     check = fp32_projection.check_target()
     assert check.status is TargetStatus.TARGET_MISSING
     assert "image_mask" in check.detail
-    with pytest.raises(FixError, match=r"fp32_projection cannot apply to vLLM 0\.32.*forward"):
+    with pytest.raises(FixError, match=r"fp32_projection: cannot apply to vLLM 0\.32.*forward"):
         fp32_projection.apply()
     assert not hasattr(embedder_class.__init__, fp32_projection.PATCH_MARKER)

@@ -23,6 +23,7 @@ import torch
 from deploykit.fixes import matmul_lora
 from deploykit.fixes.base import FixError, TargetStatus
 from deploykit.fixes.matmul_lora import add_lora_linear, triton_buffer_is_zeroed
+from deploykit.installed import vllm_version_label
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # One rounding of the result to the output dtype, plus FP32 accumulation noise.
@@ -350,8 +351,8 @@ def test_target_with_another_shape_fails_loudly(monkeypatch: pytest.MonkeyPatch)
     check = matmul_lora.check_target()
     assert check.status is TargetStatus.TARGET_MISSING
     assert "not a PunicaWrapperBase" in check.detail and "expected" in check.detail
-    version = matmul_lora._vllm_version()
-    with pytest.raises(FixError, match=rf"matmul_lora: cannot patch vLLM {re.escape(version)}"):
+    version = vllm_version_label()
+    with pytest.raises(FixError, match=rf"matmul_lora: cannot apply to vLLM {re.escape(version)}"):
         matmul_lora.apply()
 
     monkeypatch.setattr(matmul_lora, "_wrapper_qualname", lambda: "vllm.lora.punica_wrapper.nowhere.Gone")
@@ -378,7 +379,7 @@ def test_installed_triton_wrapper_is_affected_and_an_upstream_fix_is_left_alone(
     monkeypatch.setattr(matmul_lora, "_gpu_wrapper_source", lambda: fixed)
     assert matmul_lora.check_target().status is TargetStatus.FIXED_UPSTREAM
     original = cpu_wrapper_class.add_lora_linear
-    assert matmul_lora.apply().startswith("nothing (fixed upstream")
+    assert matmul_lora.apply().startswith("nothing patched: vLLM")
     assert cpu_wrapper_class.add_lora_linear is original
 
 

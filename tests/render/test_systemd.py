@@ -278,6 +278,29 @@ def test_smoke_companion_runs_after_the_server_with_the_profile(
     assert (out / "gemma4-turing.yaml").read_text().startswith("name: gemma4-turing")
 
 
+@pytest.mark.parametrize(
+    ("host", "url", "allow"),
+    [("::1", "http://[::1]:8000", "localhost"), ("::", "http://[::1]:8000", "localhost")],
+)
+def test_an_ipv6_host_gives_the_smoke_companion_a_bracketed_url(
+    host: str,
+    url: str,
+    allow: str,
+    make_profile: Callable[[str, dict[str, Any]], Path],
+    turing_facts: Path,
+    tmp_path: Path,
+) -> None:
+    # `::` listens beyond loopback: render refuses it unless the profile says it may be unauthenticated.
+    profile = make_profile("demo-cpu", {"serve.host": host, "serve.allow_unauthenticated": True})
+    files = render(profile, turing_facts, tmp_path / "out")
+    smoke = files["deploykit-demo-cpu-smoke.service"]
+    argv = split_command_line(unit_value(smoke, "ExecStart"))
+    assert argv[argv.index("--url") + 1] == url
+    assert unit_value(smoke, "IPAddressAllow") == allow
+    wait = split_command_line(unit_value(files["deploykit-demo-cpu.service"], "ExecStartPost"))
+    assert wait[3] == f"{url}/health"
+
+
 def test_tricky_extra_args_survive_quoting(
     make_profile: Callable[[str, dict[str, Any]], Path], turing_facts: Path, tmp_path: Path
 ) -> None:

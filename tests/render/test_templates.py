@@ -1,28 +1,10 @@
-"""Templates are found from an installed wheel's share/ directory, and rendering stays free of torch/vLLM."""
+"""Rendering stays free of torch/vLLM (where templates are found: tests/test_packaging.py)."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
-
-from deploykit.render.common import template_dirs
-from tests.vllm_harness import REPO
-
-
-def test_repo_templates_are_found_first() -> None:
-    assert template_dirs()[0] == REPO / "templates"
-
-
-def test_an_installed_layout_is_found_without_the_repo(tmp_path: Path) -> None:
-    """A wheel puts the templates under <prefix>/share/deploykit/templates and the package elsewhere."""
-    prefix = tmp_path / "prefix"
-    shutil.copytree(REPO / "templates", prefix / "share" / "deploykit" / "templates")
-    package = tmp_path / "site-packages" / "deploykit"
-    package.mkdir(parents=True)
-    assert template_dirs(package_dir=package, prefix=prefix) == [prefix / "share" / "deploykit" / "templates"]
-    assert template_dirs(package_dir=package, prefix=tmp_path / "empty") == []
 
 
 def test_rendering_never_imports_torch_or_vllm(tmp_path: Path) -> None:

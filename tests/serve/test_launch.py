@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from deploykit.serve.launch import LaunchError, free_port, port_in_use, start_server
+from deploykit.net import free_port, port_in_use
+from deploykit.serve.launch import LaunchError, start_server
 
 
 def _alive(pid: int) -> bool:

@@ -1,0 +1,122 @@
+"""Hosts, URLs and ports, IPv4 and IPv6 alike, and the one /health check: the only place that knows them.
+
+A server binds a *bind host* (`127.0.0.1`, `::1`, `0.0.0.0`, `::`, a name); a client on the same machine
+reaches it at the *client host* (a wildcard becomes the loopback of its family); a URL puts an IPv6
+literal in brackets (`http://[::1]:8000`). Standard library only and cheap to import: serve, smoke,
+render and the systemd unit's `wait_health` (run in the service's sandbox) all use it.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import socket
+
+LOOPBACK_V4 = "127.0.0.1"
+LOOPBACK_V6 = "::1"
+WILDCARD_V4 = "0.0.0.0"
+
+
+def ip_address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The IP address `host` spells (an IPv6 one with or without brackets); None for a host name."""
+    try:
+        return ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return None  # a host name
+
+
+def is_ipv6(host: str) -> bool:
+    address = ip_address(host)
+    return address is not None and address.version == 6
+
+
+def is_wildcard(host: str) -> bool:
+    """Binds every address: `0.0.0.0`, `::` (or no host at all)."""
+    address = ip_address(host)
+    return host == "" or (address is not None and address.is_unspecified)
+
+
+def client_host(bind_host: str) -> str:
+    """Where a client on this machine reaches a server bound to `bind_host`: 0.0.0.0 → 127.0.0.1, :: → ::1."""
+    if is_wildcard(bind_host):
+        return LOOPBACK_V6 if is_ipv6(bind_host) else LOOPBACK_V4
+    return bind_host.strip("[]") if is_ipv6(bind_host) else bind_host
+
+
+def url_host(host: str) -> str:
+    """The host as it stands in a URL: an IPv6 literal in brackets."""
+    bare = host.strip("[]")
+    return f"[{bare}]" if is_ipv6(bare) else bare
+
+
+def base_url(bind_host: str, port: int, scheme: str = "http") -> str:
+    """The URL a client on this machine uses for a server bound to `bind_host`:`port`."""
+    return f"{scheme}://{url_host(client_host(bind_host))}:{port}"
+
+
+def listens_beyond_loopback(bind_host: str) -> bool:
+    """Reachable from other machines: a wildcard, a non-loopback address or any name but `localhost`."""
+    if is_wildcard(bind_host):
+        return True
+    address = ip_address(bind_host)
+    if address is None:
+        return bind_host != "localhost"
+    return not address.is_loopback
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if is_ipv6(host) else socket.AF_INET
+
+
+def _bind_addresses(host: str, port: int) -> list[tuple[socket.AddressFamily, str]]:
+    """The (family, address) pairs a server bound to `host` takes; a name is resolved."""
+    if host == "":
+        host = WILDCARD_V4
+    if ip_address(host) is not None:
+        return [(_family(host), host.strip("[]"))]
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror:
+        return []  # unresolvable: the server's own bind error says so
+    return list(dict.fromkeys((family, str(sockaddr[0])) for family, _, _, _, sockaddr in infos))
+
+
+def port_in_use(port: int, host: str = LOOPBACK_V4) -> bool:
+    """Would a server fail to bind `host`:`port` because something already holds it?
+
+    Works for IPv4 and IPv6 addresses, wildcards (`0.0.0.0`, and `::`, which on Linux also takes the IPv4
+    wildcard) and names. Only "address in use" counts: an address this machine does not have is the
+    server's to report."""
+    for family, address in _bind_addresses(host, port):
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((address, port))
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    return True
+    return False
+
+
+def free_port(host: str = LOOPBACK_V4) -> int:
+    """A port the kernel says is free on `host` (IPv4 or IPv6) right now."""
+    with socket.socket(_family(host), socket.SOCK_STREAM) as sock:
+        sock.bind((host.strip("[]"), 0))
+        return int(sock.getsockname()[1])
+
+
+def health_url(url: str) -> str:
+    """A server's /health URL from its base URL."""
+    return f"{url.rstrip('/')}/health"
+
+
+def health_ok(url: str, timeout_s: float = 5.0) -> bool:
+    """Does `url` (a /health URL) answer 200?"""
+    import urllib.error
+    import urllib.request  # here, not at the top: it costs ~20 ms that `render` and `plan` do not need
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return int(response.status) == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False

@@ -1,0 +1,149 @@
+"""Hosts, URLs and ports for IPv4 and IPv6: one module, and what serve and render build from it."""
+
+from __future__ import annotations
+
+import http.server
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from deploykit import net
+
+
+def _has_ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
+            sock.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+needs_ipv6 = pytest.mark.skipif(not _has_ipv6_loopback(), reason="this machine has no IPv6 loopback (::1)")
+
+
+@pytest.mark.parametrize(
+    ("bind_host", "client", "url"),
+    [
+        ("127.0.0.1", "127.0.0.1", "http://127.0.0.1:8000"),
+        ("0.0.0.0", "127.0.0.1", "http://127.0.0.1:8000"),
+        ("", "127.0.0.1", "http://127.0.0.1:8000"),
+        ("10.0.0.2", "10.0.0.2", "http://10.0.0.2:8000"),
+        ("::1", "::1", "http://[::1]:8000"),
+        ("[::1]", "::1", "http://[::1]:8000"),
+        ("::", "::1", "http://[::1]:8000"),
+        ("fd00::5", "fd00::5", "http://[fd00::5]:8000"),
+        ("localhost", "localhost", "http://localhost:8000"),
+        ("gpu-7.internal", "gpu-7.internal", "http://gpu-7.internal:8000"),
+    ],
+)
+def test_client_host_and_base_url(bind_host: str, client: str, url: str) -> None:
+    assert net.client_host(bind_host) == client
+    assert net.base_url(bind_host, 8000) == url
+
+
+def test_url_host_brackets_ipv6_only() -> None:
+    assert net.url_host("::1") == net.url_host("[::1]") == "[::1]"
+    assert net.url_host("127.0.0.1") == "127.0.0.1"
+    assert net.url_host("example.org") == "example.org"
+    assert net.health_url("http://[::1]:8000/") == "http://[::1]:8000/health"
+
+
+@pytest.mark.parametrize(
+    ("host", "beyond"),
+    [
+        ("127.0.0.1", False),
+        ("::1", False),
+        ("localhost", False),
+        ("0.0.0.0", True),
+        ("::", True),
+        ("", True),
+        ("10.0.0.2", True),
+        ("fd00::5", True),
+        ("gpu-7.internal", True),
+    ],
+)
+def test_listens_beyond_loopback(host: str, beyond: bool) -> None:
+    assert net.listens_beyond_loopback(host) is beyond
+
+
+def test_wildcards_and_families() -> None:
+    assert net.is_wildcard("0.0.0.0") and net.is_wildcard("::") and net.is_wildcard("")
+    assert not net.is_wildcard("127.0.0.1") and not net.is_wildcard("localhost")
+    assert net.is_ipv6("::1") and net.is_ipv6("[::]") and not net.is_ipv6("127.0.0.1")
+    assert net.ip_address("example.org") is None
+
+
+@contextmanager
+def _listening(family: socket.AddressFamily, host: str) -> Iterator[int]:
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        sock.listen()
+        yield int(sock.getsockname()[1])
+
+
+def test_port_in_use_ipv4_and_the_ipv4_wildcard() -> None:
+    with _listening(socket.AF_INET, "127.0.0.1") as port:
+        assert net.port_in_use(port, "127.0.0.1")
+        assert net.port_in_use(port, "0.0.0.0")  # a wildcard bind collides with any address's listener
+        assert net.port_in_use(port, "")
+    assert not net.port_in_use(port, "127.0.0.1")
+
+
+@needs_ipv6
+def test_port_in_use_ipv6_and_the_ipv6_wildcard() -> None:
+    with _listening(socket.AF_INET6, "::1") as port:
+        assert net.port_in_use(port, "::1")
+        assert net.port_in_use(port, "[::1]")
+        assert net.port_in_use(port, "::")
+    assert not net.port_in_use(port, "::1")
+    with _listening(socket.AF_INET, "127.0.0.1") as port:
+        assert net.port_in_use(port, "::")  # `::` takes the IPv4 wildcard too (dual stack)
+
+
+def test_port_in_use_for_a_name_resolves_it() -> None:
+    with _listening(socket.AF_INET, "127.0.0.1") as port:
+        assert net.port_in_use(port, "localhost")
+    assert not net.port_in_use(port, "no-such-host.invalid")
+
+
+def test_an_address_this_machine_lacks_is_not_in_use() -> None:
+    assert not net.port_in_use(net.free_port(), "192.0.2.1")  # TEST-NET-1: never a local address
+
+
+@needs_ipv6
+def test_free_port_for_either_family() -> None:
+    for host, family in (("127.0.0.1", socket.AF_INET), ("::1", socket.AF_INET6)):
+        port = net.free_port(host)
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind((host, port))
+
+
+@needs_ipv6
+def test_health_ok_over_ipv6() -> None:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    class Server(http.server.HTTPServer):
+        address_family = socket.AF_INET6
+
+    server = Server(("::1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = net.base_url("::", server.server_port)
+        assert url == f"http://[::1]:{server.server_port}"
+        assert net.health_ok(net.health_url(url))
+        assert not net.health_ok(f"{url}/nope")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert not net.health_ok(net.health_url(url), timeout_s=0.5)
