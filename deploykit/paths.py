@@ -15,6 +15,7 @@ APP_NAME = "deploykit"
 PROFILE_DIR_ENV_VAR = "DEPLOYKIT_PROFILE_DIR"
 MODEL_CACHE_ENV_VAR = "DEPLOYKIT_MODEL_CACHE"
 STORE_ENV_VAR = "DEPLOYKIT_STORE"
+CACHE_DIR_ENV_VAR = "DEPLOYKIT_CACHE_DIR"  # deploykit's cache root (the vLLM option tables)
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -77,3 +78,13 @@ def template_dirs(package_dir: Path | None = None, prefix: Path | None = None) -
     package = package_dir or PACKAGE_DIR
     candidates = [package.parent / "templates", installed_template_dir(prefix)]
     return [c for c in candidates if (c / "systemd").is_dir() and (c / "helm").is_dir()]
+
+
+def vllm_options_cache_dir() -> Path:
+    """Where the option table of each installed vLLM version is cached (deploykit.vllm_options)."""
+    env = os.environ.get(CACHE_DIR_ENV_VAR)
+    if env:
+        return Path(env) / "vllm-options"
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir(APP_NAME)) / "vllm-options"

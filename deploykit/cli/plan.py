@@ -33,7 +33,7 @@ def plan(
         bool,
         typer.Option(
             "--validate/--no-validate",
-            help="Check the argv with the installed vLLM's own parser (imports vLLM, ~6 s).",
+            help="Check the argv as the installed vLLM's own parser would (its option table, read once per vLLM version and cached).",
         ),
     ] = True,
 ) -> None:

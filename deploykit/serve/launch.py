@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from deploykit.logtail import tail
+
 
 class LaunchError(RuntimeError):
     """vLLM did not come up; `log_tail` holds the end of its log."""
@@ -53,7 +55,7 @@ def read_tail(path: Path, max_lines: int = 40) -> str:
             data = handle.read().decode(errors="replace")
     except OSError:
         return ""
-    return "\n".join(data.splitlines()[-max_lines:])
+    return tail(data, max_lines)  # without exit noise, blank lines and progress bars
 
 
 @dataclass
