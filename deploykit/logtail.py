@@ -24,8 +24,11 @@ def is_noise(line: str) -> bool:
 
 
 def meaningful_lines(text: str) -> list[str]:
-    """The lines of `text` that are not noise; a line redrawn with carriage returns counts as its last form."""
-    lines = [line.rsplit("\r", 1)[-1] if "\r" in line.rstrip("\r") else line.rstrip("\r") for line in text.split("\n")]
+    """The lines of `text` that are not noise; a line redrawn with carriage returns is its last form."""
+    lines = [
+        line.rsplit("\r", 1)[-1] if "\r" in line.rstrip("\r") else line.rstrip("\r")
+        for line in text.split("\n")
+    ]
     return [line for line in lines if not is_noise(line)]
 
 

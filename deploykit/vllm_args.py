@@ -16,7 +16,6 @@ import argparse
 import importlib
 import importlib.util
 import json
-import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -66,7 +65,9 @@ def _make_parser(module: Any) -> argparse.ArgumentParser:
         def print_help(self, file: Any = None) -> None:
             pass  # `--help` in a planned argv is a rejection, not a page of text
 
-    parser: argparse.ArgumentParser = module.make_arg_parser(_RaisingParser(prog="vllm serve"))
+    parser: argparse.ArgumentParser = module.make_arg_parser(
+        _RaisingParser(prog="vllm serve")  # type: ignore[no-untyped-call]
+    )
     return parser
 
 
@@ -132,7 +133,9 @@ def _type_spec(kind: Callable[..., Any] | None) -> dict[str, Any]:
     if key in _NAMED_TYPES:
         return {"kind": _NAMED_TYPES[key]}
     if key in _WRAPPERS:
-        inner = [c.cell_contents for c in (getattr(kind, "__closure__", None) or ()) if callable(c.cell_contents)]
+        inner = [
+            c.cell_contents for c in (getattr(kind, "__closure__", None) or ()) if callable(c.cell_contents)
+        ]
         if len(inner) == 1:
             return {"kind": _WRAPPERS[key], "inner": _type_spec(inner[0])}
     return {"kind": "opaque", "name": f"{key[0]}.{key[1]}"}
@@ -164,7 +167,9 @@ def _action_entry(action: argparse.Action) -> dict[str, Any]:
         "dest": action.dest,
         "kind": kind,
         "nargs": action.nargs,
-        "type": _type_spec(action.type),
+        "type": _type_spec(action.type)
+        if action.type is None or callable(action.type)
+        else {"kind": "opaque"},
         "choices": choices,
         "choices_opaque": choices_opaque,
         "required": bool(action.required),
@@ -194,7 +199,7 @@ def _post_parse_dests(module: Any, parser: argparse.ArgumentParser) -> list[str]
     object.__setattr__(namespace, "_deploykit_reads", set())
     try:
         validate(namespace)
-    except Exception:  # noqa: BLE001 - any failure on the defaults means: trust only the live parser
+    except Exception:
         return ["*"]
     reads: set[str] = object.__getattribute__(namespace, "_deploykit_reads")
     return sorted(reads - {"_deploykit_reads"})

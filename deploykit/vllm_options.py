@@ -154,7 +154,9 @@ def human_readable_int(value: str) -> int:
         try:
             return int(number) * binary[suffix]
         except ValueError as exc:
-            raise argparse.ArgumentTypeError(f"Decimals are not allowed with binary suffixes like {suffix}") from exc
+            raise argparse.ArgumentTypeError(
+                f"Decimals are not allowed with binary suffixes like {suffix}"
+            ) from exc
     return int(value)
 
 
@@ -331,8 +333,8 @@ def _flexible_args(args: list[str]) -> list[str]:
             processed.append("--help")
         elif arg.startswith("--"):
             if "=" in arg:
-                key, value = arg.split("=", 1)
-                processed.append(f"{dashes.sub(lambda m: m.group(0).replace('_', '-'), key, count=1)}={value}")
+                key, text = arg.split("=", 1)
+                processed.append(f"{dashes.sub(lambda m: m.group(0).replace('_', '-'), key, count=1)}={text}")
             else:
                 processed.append(dashes.sub(lambda m: m.group(0).replace("_", "-"), arg, count=1))
         elif arg.startswith("-O") and arg != "-O":

@@ -83,9 +83,21 @@ def test_the_import_list_sees_what_a_process_imports() -> None:
         ),
         (["profiles", "list", "--facts", str(FACTS / "t4.json")], "deploykit.profile.catalog"),
         (["plan", "--profile", "demo-cpu"], "deploykit.vllm_options"),
-        (["plan", "--profile", "qwen-lora-hopper", "--facts", str(FACTS / "h100.json")], "deploykit.vllm_options"),
         (
-            ["render", "helm", "--profile", "gemma4-turing", "--facts", str(FACTS / "t4.json"), "--out", "OUT"],
+            ["plan", "--profile", "qwen-lora-hopper", "--facts", str(FACTS / "h100.json")],
+            "deploykit.vllm_options",
+        ),
+        (
+            [
+                "render",
+                "helm",
+                "--profile",
+                "gemma4-turing",
+                "--facts",
+                str(FACTS / "t4.json"),
+                "--out",
+                "OUT",
+            ],
             "deploykit.render.helm",
         ),
     ],

@@ -46,7 +46,9 @@ def warm_option_table() -> None:
 )
 def test_stderr_holds_only_deploykits_lines(argv: list[str], tmp_path: Path) -> None:
     argv = [str(tmp_path / "out") if a == "OUT" else a for a in argv]
-    result = subprocess.run([str(DEPLOYKIT), *argv], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    result = subprocess.run(
+        [str(DEPLOYKIT), *argv], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
 
     assert result.returncode == 0, result.stderr[-2000:]
     assert foreign_lines(result.stderr) == [], result.stderr[-3000:]
