@@ -17,6 +17,7 @@ APP_NAME = "deploykit"
 PROFILE_DIR_ENV_VAR = "DEPLOYKIT_PROFILE_DIR"
 MODEL_CACHE_ENV_VAR = "DEPLOYKIT_MODEL_CACHE"
 STORE_ENV_VAR = "DEPLOYKIT_STORE"
+CACHE_DIR_ENV_VAR = "DEPLOYKIT_CACHE_DIR"  # deploykit's cache root (the vLLM option tables)
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 DATA_PACKAGE_DIR = "_data"  # inside the package: where a wheel holds profiles/ and templates/
@@ -50,6 +51,12 @@ def user_profile_dir() -> Path:
 def default_cache_dir() -> Path:
     """Where built tiny models are cached: DEPLOYKIT_MODEL_CACHE, else models/ in the user cache directory."""
     return _user_dir("cache", MODEL_CACHE_ENV_VAR, "models")
+
+
+def vllm_options_cache_dir() -> Path:
+    """Where the option table of each installed vLLM version is cached (deploykit.vllm_options):
+    vllm-options/ below DEPLOYKIT_CACHE_DIR, else below the user cache directory."""
+    return _user_dir("cache", CACHE_DIR_ENV_VAR) / "vllm-options"
 
 
 def default_log_dir() -> Path:

@@ -360,6 +360,11 @@ def make_plan(
         warnings.extend(f"requires: {p}" for p in requires.problems)
     if requires.status == "unchecked":
         warnings.extend(requires.notes)
+    if facts.gpus and is_cpu_build(inputs.vllm_version):
+        warnings.append(
+            f"the facts show {len(facts.gpus)} GPU(s) but the target vLLM {inputs.vllm_version} is a CPU "
+            "build: the GPUs would go unused; plan with the facts of a host that runs a CUDA vLLM"
+        )
     runner = effective_runner(inputs)
     if profile.serve.model_runner == "v1" and "device_penalties" in enabled:
         warnings.append(
@@ -383,22 +388,22 @@ def make_plan(
     )
 
 
-def validate_plan(plan: Plan) -> None:
-    """Check the argv with the installed vLLM's parser when vLLM is importable; record the outcome."""
-    from deploykit.vllm_args import ArgvRejected, validate_serve_argv, vllm_importable
+def validate_plan(plan: Plan, cache_dir: Path | None = None) -> None:
+    """Check the argv as the installed vLLM's parser would, without importing vLLM; record the outcome.
 
-    if not vllm_importable():
-        plan.validation = ArgvValidation(
-            status="skipped", detail="vLLM is not installed here; argv not validated"
-        )
-        return
+    The first check per vLLM version reads vLLM's parser in a child process and caches its option
+    table (deploykit.vllm_options); later checks cost a few milliseconds.
+    """
+    from deploykit.vllm_args import ArgvRejected
+    from deploykit.vllm_options import OptionTableUnavailable, check_serve_argv
+
     try:
-        parser_module = validate_serve_argv(plan.argv)
+        verdict = check_serve_argv(plan.argv, cache_dir)
     except ArgvRejected as exc:
         plan.validation = ArgvValidation(status="error", detail=str(exc))
         plan.errors.append(f"vLLM's own parser rejects the launch: {exc}")
         return
-    except ImportError as exc:
-        plan.validation = ArgvValidation(status="skipped", detail=f"vLLM's parser could not be loaded: {exc}")
+    except OptionTableUnavailable as exc:
+        plan.validation = ArgvValidation(status="skipped", detail=f"argv not validated: {exc}")
         return
-    plan.validation = ArgvValidation(status="ok", detail=f"accepted by {parser_module}")
+    plan.validation = ArgvValidation(status="ok", detail=verdict.describe())

@@ -12,6 +12,8 @@ import pytest
 from tests.vllm_harness import REPO, RunningServer, running_vllm, tiny_serve_args
 
 os.environ.setdefault("DEPLOYKIT_MODEL_CACHE", str(REPO / ".deploykit-cache" / "models"))
+# vLLM option tables (deploykit.vllm_options): built once per vLLM version, kept out of the user cache.
+os.environ.setdefault("DEPLOYKIT_CACHE_DIR", str(REPO / ".deploykit-cache"))
 
 
 @pytest.fixture(scope="session")

@@ -239,3 +239,9 @@ def test_matmul_lora_on_the_cpu_build_and_refused_with_fully_sharded_loras(tmp_p
     )
     assert decision(sharded, "matmul_lora")[0] is Decision.IMPOSSIBLE
     assert any("matmul_lora is forced on" in e for e in sharded.errors)
+
+
+def test_gpus_in_the_facts_with_a_cpu_build_of_vllm_warn_that_they_go_unused() -> None:
+    plan = make_plan(load_profile("demo-cpu"), facts("t4", vllm_version="0.32.0+cpu"))
+    assert any("GPUs would go unused" in w for w in plan.warnings)
+    assert not any("unused" in w for w in make_plan(load_profile("demo-cpu"), facts("t4")).warnings)

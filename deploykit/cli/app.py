@@ -57,4 +57,9 @@ def main() -> None:
         # Results are stored and output flushed by now. Without this the interpreter's last garbage
         # collection walks every object of every module imported (SQLAlchemy, httpx, pydantic): ~0.2 s
         # of `deploykit serve`'s 1 s overhead budget, for memory the OS is about to take back anyway.
-        gc.freeze()
+        # Not when triton was imported (`deploykit fixes` imports vLLM): its nanobind extension counts
+        # the objects still alive at shutdown and prints ~40 "nanobind: leaked instance" lines for the
+        # ones the freeze kept from being collected. Skipping the freeze keeps every atexit handler and
+        # finalizer running as usual (os._exit would not), and costs time only in that command.
+        if "triton" not in sys.modules:
+            gc.freeze()

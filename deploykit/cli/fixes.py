@@ -11,9 +11,11 @@ def fixes(
     format: FormatOption = TableOrJson.table,
 ) -> None:
     """Every fix, what it patches, and its status against the installed vLLM (imports vLLM)."""
+    from deploykit.cli.options import quiet_libraries
     from deploykit.fixes.status import fix_statuses
 
-    rows = fix_statuses()
+    with quiet_libraries():  # the target checks import vLLM, which logs and warns as it loads
+        rows = fix_statuses()
     if format is TableOrJson.json:
         import json
 

@@ -4,6 +4,9 @@ Nothing heavy at import: each helper imports what it needs when it runs."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
@@ -81,3 +84,25 @@ def parse_fix_overrides(values: list[str] | None) -> dict[str, FixMode]:
             )
         overrides[name] = FixMode(mode)
     return overrides
+
+
+@contextlib.contextmanager
+def quiet_libraries() -> Iterator[None]:
+    """Around code that imports vLLM (and torch, triton) into the CLI: their chatter stays off stderr.
+
+    deploykit's stderr holds deploykit's own lines only (they start with `deploykit`). vLLM logs through
+    its own handler at VLLM_LOGGING_LEVEL, read when vLLM is imported: ERROR unless the user set it.
+    Records logged before any handler exists (vLLM's import-time "Triton is installed, but ..." comes
+    before vLLM configures its logger) would reach Python's last-resort stderr handler: a NullHandler on
+    the root logger takes them instead. Python warnings raised meanwhile are dropped.
+    """
+    import logging
+    import warnings
+
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    root = logging.getLogger()
+    if not root.handlers:
+        root.addHandler(logging.NullHandler())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield

@@ -33,7 +33,8 @@ def plan(
         bool,
         typer.Option(
             "--validate/--no-validate",
-            help="Check the argv with the installed vLLM's own parser (imports vLLM, ~6 s).",
+            help="Check the argv as the installed vLLM's parser would (its option table is read once "
+            "per vLLM version and cached; vLLM is not imported here).",
         ),
     ] = True,
 ) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from deploykit import errors, net
+from deploykit.logtail import tail
 from deploykit.paths import create_private_file, make_private_dirs
 
 
@@ -38,7 +39,7 @@ def read_tail(path: Path, max_lines: int = 40) -> str:
             data = handle.read().decode(errors="replace")
     except OSError:
         return ""
-    return "\n".join(data.splitlines()[-max_lines:])
+    return tail(data, max_lines)  # without exit noise, blank lines and progress bars
 
 
 @dataclass

@@ -1,4 +1,7 @@
-"""`deploykit probe` and `deploykit plan` never import torch or vLLM (or what drags them in).
+"""`deploykit probe`, `plan` and `render` never import torch or vLLM (or what drags them in).
+
+`plan` validates its argv by default against the installed vLLM's option table, cached per vLLM version
+(deploykit.vllm_options); with the cache warm, the default command imports no vLLM either.
 
 Importing vLLM costs ~6 s and torch ~2 s, and a machine that only plans may have neither. Each
 command runs as a user runs it (the installed console script, in a subprocess) under
@@ -38,6 +41,16 @@ def imported_modules(argv: list[str]) -> tuple[set[str], subprocess.CompletedPro
     return modules, result
 
 
+@pytest.fixture(scope="module")
+def warm_option_table() -> None:
+    """The installed vLLM's option table in the cache (built once, in a child process, when missing)."""
+    from deploykit.vllm_args import vllm_importable
+    from deploykit.vllm_options import check_serve_argv
+
+    if vllm_importable():
+        check_serve_argv(["vllm", "serve", "/m"])
+
+
 def heavy(modules: set[str]) -> set[str]:
     return {name for name in modules if name.split(".")[0] in HEAVY}
 
@@ -69,10 +82,40 @@ def test_the_import_list_sees_what_a_process_imports() -> None:
             "deploykit.plan",
         ),
         (["profiles", "list", "--facts", str(FACTS / "t4.json")], "deploykit.profile.catalog"),
+        (["plan", "--profile", "demo-cpu"], "deploykit.vllm_options"),
+        (
+            ["plan", "--profile", "qwen-lora-hopper", "--facts", str(FACTS / "h100.json")],
+            "deploykit.vllm_options",
+        ),
+        (
+            [
+                "render",
+                "helm",
+                "--profile",
+                "gemma4-turing",
+                "--facts",
+                str(FACTS / "t4.json"),
+                "--out",
+                "OUT",
+            ],
+            "deploykit.render.helm",
+        ),
     ],
-    ids=["probe", "probe-json", "plan-demo-cpu", "plan-h100-facts", "profiles-list-t4-facts"],
+    ids=[
+        "probe",
+        "probe-json",
+        "plan-demo-cpu",
+        "plan-h100-facts",
+        "profiles-list-t4-facts",
+        "plan-demo-cpu-validated",
+        "plan-lora-h100-validated",
+        "render-helm",
+    ],
 )
-def test_command_never_imports_torch_or_vllm(argv: list[str], ran: str) -> None:
+def test_command_never_imports_torch_or_vllm(
+    argv: list[str], ran: str, warm_option_table: None, tmp_path: Path
+) -> None:
+    argv = [str(tmp_path / "out") if a == "OUT" else a for a in argv]
     modules, result = imported_modules([str(DEPLOYKIT), *argv])
 
     assert "Traceback" not in result.stderr, result.stderr[-2000:]

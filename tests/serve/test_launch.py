@@ -82,3 +82,34 @@ def test_health_wait_reports_an_early_exit_with_its_code_and_log(tmp_path: Path)
     assert caught.value.server_exit_code == 7
     assert "boom: no such model" in caught.value.log_tail
     assert not port_in_use(port)
+
+
+def test_the_log_tail_keeps_the_error_and_drops_exit_noise(tmp_path: Path) -> None:
+    from deploykit.serve.launch import read_tail
+
+    log = tmp_path / "vllm.log"
+    noise = [
+        "nanobind: leaked 4 instances!",
+        ' - leaked instance 0x7f of type "triton._C.libtriton.ir.attribute"',
+    ]
+    noise += ["nanobind: leaked 64 types!", ' - leaked type "ATOMIC_OP"', " - ... skipped remainder", ""]
+    bar = "Loading safetensors checkpoint shards:  50% Completed | 1/2 [00:01<00:01,  1.2it/s]"
+    log.write_text(
+        "\n".join(
+            [
+                "INFO starting",
+                f"{bar}\r{bar}",
+                "Traceback (most recent call last):",
+                '  File "x.py", line 1',
+                "ValueError: the model does not fit",
+                "",
+                *noise,
+            ]
+        )
+    )
+    tail = read_tail(log, 3).splitlines()
+    assert tail == [
+        "Traceback (most recent call last):",
+        '  File "x.py", line 1',
+        "ValueError: the model does not fit",
+    ]
