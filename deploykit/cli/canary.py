@@ -39,7 +39,7 @@ def canary(
     ] = 5,
 ) -> None:
     """Send a rotation of cheap smoke cases every S seconds; /healthz turns 503 once the output is wrong."""
-    from deploykit.canary import CanaryOptions, run_canary
+    from deploykit.serve.canary import CanaryOptions, run_canary
 
     options = CanaryOptions(
         url=url,

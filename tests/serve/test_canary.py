@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from deploykit.canary import (
+from deploykit.serve.canary import (
     Canary,
     CanaryConfig,
     CanaryState,
