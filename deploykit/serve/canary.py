@@ -429,12 +429,9 @@ def build_config(options: CanaryOptions) -> CanaryConfig:
     """Cases, served name and limits from the profile, else from the server's own `/v1/models`."""
     import os
 
-    from deploykit.smoke import special_token_ids
-
     profile = None
     profile_id = None
     if options.profile is not None:
-        from deploykit.plan import resolve_model_path
         from deploykit.profile.load import load_profile
         from deploykit.profile.schema import ProfileError
 
@@ -448,24 +445,20 @@ def build_config(options: CanaryOptions) -> CanaryConfig:
     if key_env and not api_key:
         raise CanaryError(f"the API key variable {key_env} is not set")
     if profile is not None:
-        adapters = list(profile.serve.lora.adapters)
-        return CanaryConfig(
+        from deploykit.plan import resolve_model_path
+
+        return config_for_profile(
+            profile,
+            profile_id,
             url=options.url,
-            served_name=options.model or profile.served_name,
-            cases=rotation_for(profile),
+            model_path=resolve_model_path(profile),
             every_s=options.every_s,
-            timeout_s=options.timeout_s or profile.smoke.timeout_s,
             api_key=api_key,
-            special_ids=special_token_ids(resolve_model_path(profile)),
-            max_model_len=profile.serve.max_model_len,
-            tie_tolerance=profile.smoke.tie_tolerance,
-            logprob_tolerance=profile.smoke.logprob_tolerance,
+            served_name=options.model,
+            timeout_s=options.timeout_s,
             miss_limit=options.miss_limit,
             store_url=options.store_url,
             store=options.store,
-            profile_name=profile.name,
-            profile_id=profile_id,
-            adapter=adapters[0] if adapters else None,
         )
     served, max_len = discover_model(options.url, api_key, options.model)
     return CanaryConfig(
@@ -479,6 +472,44 @@ def build_config(options: CanaryOptions) -> CanaryConfig:
         miss_limit=options.miss_limit,
         store_url=options.store_url,
         store=options.store,
+    )
+
+
+def config_for_profile(
+    profile: Profile,
+    profile_id: str | None,
+    *,
+    url: str,
+    model_path: str | None,
+    every_s: float = DEFAULT_EVERY_S,
+    api_key: str | None = None,
+    served_name: str | None = None,
+    timeout_s: float | None = None,
+    miss_limit: int = DEFAULT_MISS_LIMIT,
+    store_url: str | None = None,
+    store: bool = True,
+) -> CanaryConfig:
+    """The canary of a profile's server: its rotation, served name, limits and smoke tolerances."""
+    from deploykit.smoke import special_token_ids
+
+    adapters = list(profile.serve.lora.adapters)
+    return CanaryConfig(
+        url=url,
+        served_name=served_name or profile.served_name,
+        cases=rotation_for(profile),
+        every_s=every_s,
+        timeout_s=timeout_s or profile.smoke.timeout_s,
+        api_key=api_key,
+        special_ids=special_token_ids(model_path),
+        max_model_len=profile.serve.max_model_len,
+        tie_tolerance=profile.smoke.tie_tolerance,
+        logprob_tolerance=profile.smoke.logprob_tolerance,
+        miss_limit=miss_limit,
+        store_url=store_url,
+        store=store,
+        profile_name=profile.name,
+        profile_id=profile_id,
+        adapter=adapters[0] if adapters else None,
     )
 
 

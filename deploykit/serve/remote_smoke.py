@@ -37,7 +37,14 @@ def run_remote_smoke(options: SmokeOptions, ui: ConsoleUI | None = None) -> int:
     from deploykit.plan import resolve_model_path
     from deploykit.profile.load import load_profile
     from deploykit.profile.schema import ProfileError, SmokeCase
-    from deploykit.smoke import derive_cases, run_smoke, smoke_requests, special_token_ids
+    from deploykit.smoke import (
+        DEFAULT_LOGPROB_TOLERANCE,
+        DEFAULT_TIE_TOLERANCE,
+        derive_cases,
+        run_smoke,
+        smoke_requests,
+        special_token_ids,
+    )
     from deploykit.store import ResultRecord
 
     ui = ui or ConsoleUI(quiet=True)
@@ -59,12 +66,14 @@ def run_remote_smoke(options: SmokeOptions, ui: ConsoleUI | None = None) -> int:
             timeout = options.timeout_s or profile.smoke.timeout_s
             key_env = options.api_key_env or profile.serve.api_key_env
             special = special_token_ids(resolve_model_path(profile))
+            tie, logprob = profile.smoke.tie_tolerance, profile.smoke.logprob_tolerance
         elif options.model is not None:
             record.profile_name = None
             requests = smoke_requests([SmokeCase(kind="completion"), SmokeCase(kind="chat")], options.model)
             timeout = options.timeout_s or 120.0
             key_env = options.api_key_env
             special = frozenset()
+            tie, logprob = DEFAULT_TIE_TOLERANCE, DEFAULT_LOGPROB_TOLERANCE
         else:
             raise ServeFailure("profile", "give --profile P or --model NAME")
         api_key = None
@@ -75,7 +84,14 @@ def run_remote_smoke(options: SmokeOptions, ui: ConsoleUI | None = None) -> int:
         record.stage = "smoke"
         ui.say(f"smoke: {len(requests)} request(s) against {options.url}")
         report = run_smoke(
-            options.url, requests, timeout_s=timeout, api_key=api_key, special_ids=special, on_case=ui.case
+            options.url,
+            requests,
+            timeout_s=timeout,
+            api_key=api_key,
+            special_ids=special,
+            on_case=ui.case,
+            tie_tolerance=tie,
+            logprob_tolerance=logprob,
         )
         record.verdict = "pass" if report.passed else "fail"
         record.stage = "done"
