@@ -336,7 +336,9 @@ class Canary:
                 self.metrics.healthy.set(1)
                 self.metrics.misses.set(0)
         if changed is not None:
-            self._store_row(f"state:{changed}", SmokeReport(passed=True, diagnosis="restarted", cases=[]), now)
+            self._store_row(
+                f"state:{changed}", SmokeReport(passed=True, diagnosis="restarted", cases=[]), now
+            )
         return changed
 
     def watch_restarts(self, stop: threading.Event, poll_s: float = RESTART_POLL_S) -> None:
