@@ -12,6 +12,7 @@ a generous bound, never a fixed sleep, so CPU load cannot make it flaky.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import signal
@@ -57,6 +58,10 @@ def rows(store_url: str) -> list[ResultRecord]:
 
 def story(store_url: str) -> list[tuple[str, str, str]]:
     return [(r.command, r.stage, r.verdict) for r in rows(store_url)]
+
+
+def gone(pid: int) -> bool:
+    return group_members(pid) == []
 
 
 def wait_until(fact: Callable[[], bool], what: str, run: CommandRun, timeout: float = WAIT_S) -> None:
@@ -134,7 +139,7 @@ def test_corruption_while_serving_is_caught_and_vllm_restarted(tiny_model_dir: P
         assert run.finish(120) == 0, run.tail()
         for pid in (run.vllm_pid(), int(restarted.group(1))):
             assert pid is not None
-            wait_until(lambda pid=pid: group_members(pid) == [], f"vLLM group {pid} gone", run, 30)  # type: ignore[misc]
+            wait_until(functools.partial(gone, pid), f"vLLM group {pid} gone", run, 30)
         assert re.search(r"vLLM stopped; nothing left running", run.output)
     finally:
         if run.process.poll() is None:

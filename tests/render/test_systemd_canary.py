@@ -99,5 +99,10 @@ def test_on_corruption_restarts_only_on_the_verdict(code: str, status: str, rest
 
 def test_on_corruption_without_systemd_variables_does_nothing() -> None:
     ran: list[list[str]] = []
-    assert on_corruption(["--restart", "x.service"], {}, lambda c: ran.append(c) or 0) == 0
+
+    def run(command: list[str]) -> int:
+        ran.append(command)
+        return 0
+
+    assert on_corruption(["--restart", "x.service"], {}, run) == 0
     assert ran == []
