@@ -168,6 +168,7 @@ def serve_foreground(attempt: Attempt, gate: SignalGate, ui: ConsoleUI) -> int:
     assert attempt.server is not None and attempt.loaded is not None
     options = attempt.options
     budget = RestartBudget(options.max_restarts_per_hour, options.restart_backoff_s)
+    served = attempt.loaded.profile.served_name
     watch = start_watch(attempt, ui)
     try:
         with forwarded_signals() as serving_gate:
@@ -178,13 +179,13 @@ def serve_foreground(attempt: Attempt, gate: SignalGate, ui: ConsoleUI) -> int:
 
             if watch is not None:
                 watch.start()
+            announced = None
             while True:
                 server = attempt.server
                 assert server is not None
-                ui.say(
-                    f"serving {attempt.loaded.profile.served_name} at {attempt.base_url} "
-                    "(Ctrl-C or SIGTERM stops it)"
-                )
+                if server is not announced:
+                    announced = server
+                    ui.say(f"serving {served} at {attempt.base_url} (Ctrl-C or SIGTERM stops it)")
                 _follow(attempt, ui, lambda: signalled() is not None or _corrupt(watch))
                 code = server.exit_code()
                 if signalled() is not None:
@@ -230,7 +231,7 @@ def serve_foreground(attempt: Attempt, gate: SignalGate, ui: ConsoleUI) -> int:
                     continue  # the loop above sees the signal and stops (vLLM is already stopped)
                 serving_gate.armed = True
                 try:
-                    attempt, passed = _relaunch(attempt, total, ui)
+                    attempt, passed = _relaunch(attempt, total, ui, serving_gate)
                 except Interrupted as exc:  # _relaunch stopped what it started and stored its row
                     return 128 + exc.signum
                 finally:
@@ -300,9 +301,11 @@ def _store_decision(attempt: Attempt, diagnosis: str, ui: ConsoleUI, restart: in
         ui.say(f"result #{result_id} stored in {where}")
 
 
-def _relaunch(previous: Attempt, number: int, ui: ConsoleUI) -> tuple[Attempt, bool]:
+def _relaunch(previous: Attempt, number: int, ui: ConsoleUI, gate: SignalGate) -> tuple[Attempt, bool]:
     """Start vLLM again with the same argv and environment, wait for /health, smoke it, store its row.
 
+    `gate` is armed by the caller: a signal until the verdict raises `Interrupted` here (the new vLLM is
+    stopped, an `interrupted` row stored, and it is raised again); after the verdict it is only remembered.
     Returns the new attempt (its `server` is None when vLLM did not come up) and whether the smoke passed.
     """
     from deploykit.serve.attempt import Attempt, _record, _smoke
@@ -357,6 +360,7 @@ def _relaunch(previous: Attempt, number: int, ui: ConsoleUI) -> tuple[Attempt, b
         attempt.timings["signal"] = exc.signum
     except Exception as exc:  # an unexpected error still gets its row
         diagnosis = f"{type(exc).__name__}: {exc}"
+    gate.armed = False  # the row and the cleanup below must not be interrupted
     record = _record(attempt, verdict, diagnosis)
     if attempt.server is not None and (interrupted is not None or attempt.stage != "done"):
         attempt.server.stop()

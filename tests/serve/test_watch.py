@@ -231,7 +231,7 @@ def test_restart_then_cap_then_stop(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(watch, "start_watch", lambda attempt, ui: fake)
     relaunched: list[int] = []
 
-    def relaunch(previous: Attempt, number: int, ui: ConsoleUI) -> tuple[Attempt, bool]:
+    def relaunch(previous: Attempt, number: int, ui: ConsoleUI, gate: SignalGate) -> tuple[Attempt, bool]:
         relaunched.append(number)
         fresh = Attempt(options=previous.options, loaded=previous.loaded, base_url=previous.base_url)
         fresh.server = FakeServer(tmp_path / f"vllm{number}.log")  # type: ignore[assignment]
@@ -255,7 +255,7 @@ def test_a_failed_smoke_after_the_restart_counts_as_corruption(
     fake = FakeWatch(corruptions=1)
     monkeypatch.setattr(watch, "start_watch", lambda attempt, ui: fake)
 
-    def relaunch(previous: Attempt, number: int, ui: ConsoleUI) -> tuple[Attempt, bool]:
+    def relaunch(previous: Attempt, number: int, ui: ConsoleUI, gate: SignalGate) -> tuple[Attempt, bool]:
         fresh = Attempt(options=previous.options, loaded=previous.loaded, base_url=previous.base_url)
         fresh.server = FakeServer(tmp_path / "again.log")  # type: ignore[assignment]
         return fresh, False
