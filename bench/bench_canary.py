@@ -23,8 +23,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.benchmarks_doc import DOCS, write_section  # noqa: E402
-from deploykit.canary import DEFAULT_EVERY_S, Canary, CanaryConfig, rotation_for  # noqa: E402
 from deploykit.profile.load import load_profile  # noqa: E402
+from deploykit.serve.canary import DEFAULT_EVERY_S, Canary, CanaryConfig, rotation_for  # noqa: E402
 from deploykit.tinymodel import build_tiny_model  # noqa: E402
 from tests.vllm_harness import RunningServer, running_vllm, tiny_serve_args  # noqa: E402
 

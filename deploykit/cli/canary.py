@@ -37,9 +37,28 @@ def canary(
         int,
         typer.Option("--miss-limit", min=1, help="Runs in a row without an answer before /healthz says 503."),
     ] = 5,
+    exit_on_corruption: Annotated[
+        bool,
+        typer.Option(
+            "--exit-on-corruption",
+            help="Exit with code 3 at the first wrong answer (never on slowness or misses): a supervisor "
+            "such as the rendered systemd canary unit restarts the server on that code only.",
+        ),
+    ] = False,
+    watch_restarts: Annotated[
+        bool,
+        typer.Option(
+            "--watch-restarts/--no-watch-restarts",
+            help="Poll the server's /health every 2 s; when it comes back after going away (a restart), "
+            "a corrupt or unreachable verdict is dropped and the canary starts afresh.",
+        ),
+    ] = True,
 ) -> None:
-    """Send a rotation of cheap smoke cases every S seconds; /healthz turns 503 once the output is wrong."""
-    from deploykit.canary import CanaryOptions, run_canary
+    """Send a rotation of cheap smoke cases every S seconds; /healthz turns 503 once the output is wrong.
+
+    /livez turns 503 only on corruption (or when the server's own /health does not answer): for liveness
+    probes, which must never restart a server for being busy."""
+    from deploykit.serve.canary import CanaryOptions, run_canary
 
     options = CanaryOptions(
         url=url,
@@ -52,6 +71,8 @@ def canary(
         api_key_env=api_key_env,
         timeout_s=timeout,
         miss_limit=miss_limit,
+        exit_on_corruption=exit_on_corruption,
+        watch_restarts=watch_restarts,
     )
 
     def say(line: str) -> None:

@@ -5,6 +5,7 @@ Nothing heavy at import time: the orchestration, the store (SQLAlchemy) and HTTP
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -25,6 +26,13 @@ StoreOption = Annotated[
     ),
 ]
 
+
+class OnCorruptionChoice(StrEnum):
+    restart = "restart"
+    stop = "stop"
+    ignore = "ignore"
+
+
 results_app = typer.Typer(help="Stored results of serve and smoke attempts.", no_args_is_help=True)
 
 
@@ -43,8 +51,45 @@ def serve(
     log_dir: Annotated[
         Path | None, typer.Option("--log-dir", help="Where vLLM's log goes (default: user log dir).")
     ] = None,
+    canary_every: Annotated[
+        float,
+        typer.Option(
+            "--canary-every",
+            min=0,
+            help="While serving, check the output with the canary every S seconds (0: no canary).",
+        ),
+    ] = 60.0,
+    canary_listen: Annotated[
+        str | None,
+        typer.Option(
+            "--canary-listen", help="HOST:PORT for the canary's /healthz and /metrics (default: off)."
+        ),
+    ] = None,
+    on_corruption: Annotated[
+        OnCorruptionChoice,
+        typer.Option(
+            "--on-corruption",
+            help="When the canary sees wrong output: restart vLLM (backoff, a cap per hour, then stop), "
+            "stop serving (exit 1), or ignore it (its row and /healthz still say so).",
+        ),
+    ] = OnCorruptionChoice.restart,
+    max_restarts_per_hour: Annotated[
+        int,
+        typer.Option("--max-restarts-per-hour", min=0, help="Restarts on corruption allowed in any hour."),
+    ] = 3,
+    restart_backoff: Annotated[
+        float,
+        typer.Option(
+            "--restart-backoff",
+            min=0,
+            help="Seconds before the 2nd restart in an hour (the 1st is at once), doubling after.",
+        ),
+    ] = 10.0,
 ) -> None:
-    """Start vLLM for a profile, smoke it with token ids, store the result; then keep serving (or --check)."""
+    """Start vLLM for a profile, smoke it with token ids, store the result; then keep serving (or --check).
+
+    While serving, an in-process canary checks the output every --canary-every seconds and acts on
+    corruption (--on-corruption); slowness and timeouts are never corruption."""
     from deploykit.cli.options import parse_fix_overrides
     from deploykit.serve.attempt import ServeOptions, run_serve
 
@@ -56,6 +101,11 @@ def serve(
         store_url=store,
         quiet=quiet,
         log_dir=log_dir,
+        canary_every=canary_every,
+        canary_listen=canary_listen,
+        on_corruption=on_corruption.value,
+        max_restarts_per_hour=max_restarts_per_hour,
+        restart_backoff_s=restart_backoff,
     )
     raise typer.Exit(run_serve(options))
 

@@ -41,6 +41,9 @@ PROBE_PERIOD_S = 10
 SMOKE_IMAGE = "deploykit:0.1.0"
 # Where the init container installs deploykit's plugin; the vLLM container has it on PYTHONPATH.
 PLUGIN_PATH = "/opt/deploykit"
+CANARY_PORT = 9400
+CANARY_EVERY_S = 60
+CANARY_MISS_LIMIT = 5
 
 
 class _BlockDumper(yaml.SafeDumper):
@@ -120,6 +123,27 @@ def probes(startup_timeout_s: int) -> dict[str, Any]:
     }
 
 
+def canary_values() -> dict[str, Any]:
+    """The canary sidecar and the timing of the probes that read it (docs/deploy.md justifies each).
+
+    readiness: /healthz every 10 s, 3 failures: out of the Service within ~30 s of a wrong answer; a busy
+    server never gets there (the canary answers from its own process, and turns 503 for misses only after
+    canary.missLimit runs in a row, minutes, got no answer at all).
+    liveness: /livez every 20 s, timeout 10 s, 3 failures: vLLM restarted ~60 s after a wrong answer, or
+    when its /health stops answering (the canary asks it with a 5 s timeout), as the /health probe did."""
+    return {
+        "enabled": True,
+        "image": SMOKE_IMAGE,
+        "pullPolicy": "IfNotPresent",
+        "port": CANARY_PORT,
+        "every": CANARY_EVERY_S,
+        "missLimit": CANARY_MISS_LIMIT,
+        "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+        "readiness": {"periodSeconds": PROBE_PERIOD_S, "timeoutSeconds": 5, "failureThreshold": 3},
+        "liveness": {"periodSeconds": 20, "timeoutSeconds": 10, "failureThreshold": 3},
+    }
+
+
 def smoke_secret_env(plan: Plan, loaded: LoadedProfile) -> dict[str, str]:
     """The API key under the name `deploykit smoke` reads, from the Secret key the server reads."""
     api_key_env = loaded.profile.serve.api_key_env
@@ -178,6 +202,7 @@ def chart_values(plan: Plan, loaded: LoadedProfile) -> tuple[dict[str, Any], lis
             "secretEnv": smoke_secret_env(plan, loaded),
             "expectFixes": ",".join(plan.enabled_fixes) or "none",
         },
+        "canary": canary_values(),
         "profileYaml": loaded.path.read_text(),
         "deploykit": {"profile": profile.name, "profileId": loaded.id, "version": __version__},
     }

@@ -1,4 +1,5 @@
-"""A systemd service unit, its smoke companion, a secrets file template and a sysusers entry from a plan.
+"""A systemd service unit, its smoke companion, its canary (which restarts it on corrupt output), a secrets
+file template and a sysusers entry from a plan.
 
 The unit's ExecStart is the plan's argv, quoted by systemd's rules, so `deploykit plan` and the unit run
 the same vLLM command by construction.
@@ -31,6 +32,9 @@ _PLAIN_WORD = re.compile(r"^[A-Za-z0-9_@+,./:=-]+$")
 ENV_DIR = "/etc/deploykit"
 # Beyond the profile's start-up time: process start, and the gap between health polls.
 START_TIMEOUT_MARGIN_S = 60
+# The canary unit: its interval and its /healthz, /livez and /metrics listener (loopback only).
+CANARY_EVERY_S = 60
+CANARY_LISTEN = "127.0.0.1:9400"
 
 
 class SystemdOptions(BaseModel):
@@ -213,6 +217,13 @@ def render_systemd(plan: Plan, loaded: LoadedProfile, options: SystemdOptions) -
     if "VLLM_API_KEY" in plan.secret_env:
         smoke_argv += ["--api-key-env", "VLLM_API_KEY"]  # the server's key, from the same secrets file
     smoke_timeout = int(profile.smoke.timeout_s) * 6 + START_TIMEOUT_MARGIN_S
+    canary_unit = f"{unit}-canary"
+    canary_argv = [str(bin_dir / "deploykit"), "canary", "--url", url, "--profile", profile_file]
+    canary_argv += ["--every", str(CANARY_EVERY_S), "--listen", CANARY_LISTEN, "--exit-on-corruption"]
+    if "VLLM_API_KEY" in plan.secret_env:
+        canary_argv += ["--api-key-env", "VLLM_API_KEY"]
+    on_corruption = [str(bin_dir / "python"), "-m", "deploykit.render.on_corruption"]
+    on_corruption += ["--restart", f"{unit}.service"]
     context = {
         "deploykit_version": __version__,
         "profile_name": profile.name,
@@ -237,6 +248,11 @@ def render_systemd(plan: Plan, loaded: LoadedProfile, options: SystemdOptions) -
         "device_allow": device_nodes(count, mig),
         "secrets": secrets,
         "smoke_ip_allow": smoke_ip_allow(loaded),
+        "canary_unit": canary_unit,
+        "canary_exec": command_line(canary_argv),
+        "on_corruption_exec": command_line(on_corruption),
+        "canary_every_s": CANARY_EVERY_S,
+        "canary_listen": CANARY_LISTEN,
     }
     jinja = jinja_environment()
     files = [
@@ -246,6 +262,10 @@ def render_systemd(plan: Plan, loaded: LoadedProfile, options: SystemdOptions) -
         RenderedFile(
             path=f"{smoke_unit}.service",
             content=jinja.get_template("systemd/smoke.service.j2").render(context),
+        ),
+        RenderedFile(
+            path=f"{canary_unit}.service",
+            content=jinja.get_template("systemd/canary.service.j2").render(context),
         ),
         RenderedFile(
             path=f"{profile.name}.env.example",

@@ -22,8 +22,6 @@ from deploykit.paths import default_cache_dir, default_log_dir
 from deploykit.profile.schema import FixMode
 from deploykit.serve.console import ConsoleUI, LogFollower
 from deploykit.serve.helpers import (
-    EXIT_FAIL,
-    EXIT_PASS,
     ServeFailure,
     argv_value,
     child_environment,
@@ -41,6 +39,12 @@ from deploykit.serve.helpers import (
     with_port,
 )
 from deploykit.serve.signals import Interrupted, SignalGate, forwarded_signals
+from deploykit.serve.watch import (
+    DEFAULT_CANARY_EVERY_S,
+    DEFAULT_MAX_RESTARTS_PER_HOUR,
+    DEFAULT_RESTART_BACKOFF_S,
+    OnCorruption,
+)
 
 if TYPE_CHECKING:
     from deploykit.plan import Plan
@@ -62,6 +66,12 @@ class ServeOptions(BaseModel):
     store_url: str | None = None
     quiet: bool = False
     log_dir: Path | None = None
+    # Serving mode only (not --check): the in-process canary and what to do on corruption (serve/watch.py).
+    canary_every: float = Field(default=DEFAULT_CANARY_EVERY_S, ge=0)
+    canary_listen: str | None = None
+    on_corruption: OnCorruption = "restart"
+    max_restarts_per_hour: int = Field(default=DEFAULT_MAX_RESTARTS_PER_HOUR, ge=0)
+    restart_backoff_s: float = Field(default=DEFAULT_RESTART_BACKOFF_S, ge=0)
 
 
 @dataclass
@@ -274,6 +284,8 @@ def _smoke(attempt: Attempt, ui: ConsoleUI) -> SmokeReport:
         api_key=api_key,
         special_ids=special_token_ids(attempt.plan.model_path),
         on_case=ui.case,
+        tie_tolerance=profile.smoke.tie_tolerance,
+        logprob_tolerance=profile.smoke.logprob_tolerance,
     )
     # The plan's fixes must be active in the engine: GET /deploykit/status (deploykit.plugin_status).
     status = read_status(attempt.base_url, timeout_s=min(profile.smoke.timeout_s, 60.0), api_key=api_key)
@@ -329,26 +341,7 @@ def _record(attempt: Attempt, verdict: str, diagnosis: str) -> ResultRecord:
 
 
 def _serve_foreground(attempt: Attempt, gate: SignalGate, ui: ConsoleUI) -> int:
-    """Keep serving until SIGINT/SIGTERM (forwarded to vLLM's whole group) or until vLLM exits."""
-    assert attempt.server is not None and attempt.loaded is not None
-    server = attempt.server
-    follower = LogFollower(server.log_path)
-    follower.offset = server.log_path.stat().st_size if server.log_path.exists() else 0
-    ui.say(f"serving {attempt.loaded.profile.served_name} at {attempt.base_url} (Ctrl-C or SIGTERM stops it)")
-    with forwarded_signals() as serving_gate:
-        serving_gate.armed = False
-        while serving_gate.received is None and gate.received is None and server.exit_code() is None:
-            ui.log_lines([redact(line, attempt.secrets) for line in follower.new_lines()])
-            time.sleep(0.2)
-        code = server.exit_code()
-        if code is not None:
-            ui.warn(
-                f"vLLM exited by itself with code {code}; last log lines:\n{_short_tail(server.log_tail())}"
-            )
-            server.stop()
-            return EXIT_FAIL
-        signum = serving_gate.received or gate.received
-        ui.say(f"{signal.Signals(signum or signal.SIGTERM).name} received: stopping vLLM ...")
-        server.stop()
-        ui.say("vLLM stopped; nothing left running")
-    return EXIT_PASS
+    """Keep serving until SIGINT/SIGTERM, until vLLM exits, or until corruption stops it (serve/watch.py)."""
+    from deploykit.serve.watch import serve_foreground
+
+    return serve_foreground(attempt, gate, ui)

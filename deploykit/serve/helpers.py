@@ -142,6 +142,22 @@ def store_record(record: ResultRecord, store: Store, ui: ConsoleUI) -> tuple[int
         return None, store.display_url
 
 
+def store_record_at(record: ResultRecord, url: str | None, ui: ConsoleUI) -> tuple[int | None, str]:
+    """`store_record` for the rows written while serving (corruption, restarts): the store opened at start-up
+    was closed once the first verdict was stored, so it is opened again for each row."""
+    from deploykit.store import StoreError
+
+    try:
+        store = open_results_store(url)
+    except StoreError as exc:
+        ui.warn(f"the result could not be stored: {exc}")
+        return None, url or "the results store"
+    try:
+        return store_record(record, store, ui)
+    finally:
+        store.close()
+
+
 def print_verdict(record: ResultRecord, result_id: int | None, where: str, ui: ConsoleUI) -> None:
     word = {"pass": "PASS", "fail": "FAIL", "error": "ERROR", "interrupted": "INTERRUPTED"}[record.verdict]
     ui.say(f"verdict: {word} ({record.stage}): {record.diagnosis}")

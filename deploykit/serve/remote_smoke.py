@@ -62,7 +62,15 @@ def run_remote_smoke(options: SmokeOptions, ui: ConsoleUI | None = None) -> int:
     from deploykit.plan import resolve_model_path
     from deploykit.profile.load import load_profile
     from deploykit.profile.schema import ProfileError, SmokeCase
-    from deploykit.smoke import derive_cases, run_smoke, smoke_requests, special_token_ids, summarise
+    from deploykit.smoke import (
+        DEFAULT_LOGPROB_TOLERANCE,
+        DEFAULT_TIE_TOLERANCE,
+        derive_cases,
+        run_smoke,
+        smoke_requests,
+        special_token_ids,
+        summarise,
+    )
     from deploykit.store import ResultRecord
 
     ui = ui or ConsoleUI(quiet=True)
@@ -91,6 +99,7 @@ def run_remote_smoke(options: SmokeOptions, ui: ConsoleUI | None = None) -> int:
                 if options.expect_fixes is not None
                 else planned_fixes(loaded, options.facts)
             )
+            tie, logprob = profile.smoke.tie_tolerance, profile.smoke.logprob_tolerance
         elif options.model is not None:
             record.profile_name = None
             requests = smoke_requests([SmokeCase(kind="completion"), SmokeCase(kind="chat")], options.model)
@@ -98,6 +107,7 @@ def run_remote_smoke(options: SmokeOptions, ui: ConsoleUI | None = None) -> int:
             key_env = options.api_key_env
             special = frozenset()
             expected = options.expect_fixes or []
+            tie, logprob = DEFAULT_TIE_TOLERANCE, DEFAULT_LOGPROB_TOLERANCE
         else:
             raise ServeFailure("profile", "give --profile P or --model NAME")
         api_key = None
@@ -108,7 +118,14 @@ def run_remote_smoke(options: SmokeOptions, ui: ConsoleUI | None = None) -> int:
         record.stage = "smoke"
         ui.say(f"smoke: {len(requests)} request(s) against {options.url}")
         report = run_smoke(
-            options.url, requests, timeout_s=timeout, api_key=api_key, special_ids=special, on_case=ui.case
+            options.url,
+            requests,
+            timeout_s=timeout,
+            api_key=api_key,
+            special_ids=special,
+            on_case=ui.case,
+            tie_tolerance=tie,
+            logprob_tolerance=logprob,
         )
         status = read_status(options.url, timeout_s=min(timeout, 60.0), api_key=api_key)
         record.fixes_active = status.fixes_active

@@ -12,7 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
-from deploykit.canary import (
+from deploykit.profile.load import load_profile
+from deploykit.profile.schema import SmokeCase
+from deploykit.serve.canary import (
     Canary,
     CanaryConfig,
     CanaryState,
@@ -22,8 +24,6 @@ from deploykit.canary import (
     rotation_for,
     serve_http,
 )
-from deploykit.profile.load import load_profile
-from deploykit.profile.schema import SmokeCase
 from deploykit.smoke import CaseResult, SmokeReport, summarise
 from deploykit.store import open_store
 

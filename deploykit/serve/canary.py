@@ -32,6 +32,10 @@ DEFAULT_EVERY_S = 60.0
 DEFAULT_MISS_LIMIT = 5
 DEFAULT_HEARTBEAT_S = 3600.0
 DEFAULT_LISTEN = "127.0.0.1:9400"
+# `--exit-on-corruption`: the exit code that means "the output is wrong" (systemd restarts the server on it).
+EXIT_CORRUPT = 3
+RESTART_POLL_S = 2.0
+LIVEZ_HEALTH_TIMEOUT_S = 5.0
 # The canary's own requests are short: it runs forever, next to user traffic.
 CANARY_MAX_TOKENS = 8
 CANARY_BATCH_SIZE = 4
@@ -63,6 +67,19 @@ class CanaryState:
     @property
     def healthy(self) -> bool:
         return self.status in ("starting", "healthy")
+
+    @property
+    def corrupt(self) -> bool:
+        return self.status == "corrupt"
+
+    def restarted(self) -> Status | None:
+        """The server came back after not answering /health: the verdict was about the process that is
+        gone, so start afresh (`starting`) when it was bad; returns the new status when it changed."""
+        if self.status not in ("corrupt", "unreachable"):
+            return None
+        self.status, self.consecutive_misses, self.passes_since_wrong = "starting", 0, 0
+        self.diagnosis = "the server restarted (its /health went away and came back); no run since"
+        return self.status
 
     def observe(self, case: str, outcome: Outcome, diagnosis: str) -> Status | None:
         """Take one run's outcome; returns the new status when it changed."""
@@ -296,6 +313,46 @@ class Canary:
         m.misses.set(self.state.consecutive_misses)
         m.healthy.set(1 if self.state.healthy else 0)
 
+    def liveness(self) -> tuple[bool, str]:
+        """`/livez`: wrong only on corruption, or when the server's own /health does not answer (what a
+        liveness probe on /health said before). Misses and slowness never make it fail."""
+        with self._lock:
+            state = self.state
+            if state.corrupt:
+                return False, f"{state.status}: {state.diagnosis}"
+            text = f"{state.status}: {state.diagnosis}"
+        if not server_health_ok(self.config.url, LIVEZ_HEALTH_TIMEOUT_S):
+            return False, f"the server's /health at {self.config.url} does not answer 200"
+        return True, text
+
+    def server_restarted(self) -> Status | None:
+        """Called when the server's /health came back after going away (see `watch_restarts`)."""
+        from deploykit.smoke import SmokeReport
+
+        now = self.clock()
+        with self._lock:
+            changed = self.state.restarted()
+            if changed is not None:
+                self.metrics.healthy.set(1)
+                self.metrics.misses.set(0)
+        if changed is not None:
+            self._store_row(
+                f"state:{changed}", SmokeReport(passed=True, diagnosis="restarted", cases=[]), now
+            )
+        return changed
+
+    def watch_restarts(self, stop: threading.Event, poll_s: float = RESTART_POLL_S) -> None:
+        """Poll the server's /health; when it comes back after going away, `server_restarted()`."""
+        was_up: bool | None = None
+        while not stop.is_set():
+            up = server_health_ok(self.config.url, min(poll_s, 5.0))
+            if up and was_up is False:
+                changed = self.server_restarted()
+                if changed is not None:
+                    self._warn("the server restarted: the canary starts afresh")
+            was_up = up
+            stop.wait(poll_s)
+
     def health(self) -> tuple[bool, str]:
         with self._lock:
             state = self.state
@@ -356,6 +413,18 @@ class Canary:
             stop.wait(max(0.0, next_at - time.monotonic()))
 
 
+def server_health_ok(url: str, timeout_s: float) -> bool:
+    """vLLM's own `/health` answers 200 (it needs no API key)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=timeout_s) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
 def _version() -> str:
     from deploykit import __version__
 
@@ -381,12 +450,17 @@ def serve_http(canary: Canary, host: str, port: int) -> ThreadingHTTPServer:
             if path == "/healthz":
                 healthy, text = canary.health()
                 self._answer(200 if healthy else 503, text.encode() + b"\n", "text/plain; charset=utf-8")
+            elif path == "/livez":
+                alive, text = canary.liveness()
+                self._answer(200 if alive else 503, text.encode() + b"\n", "text/plain; charset=utf-8")
             elif path == "/metrics":
                 from prometheus_client import CONTENT_TYPE_LATEST
 
                 self._answer(200, canary.metrics.text(), CONTENT_TYPE_LATEST)
             else:
-                self._answer(404, b"not found: try /healthz or /metrics\n", "text/plain; charset=utf-8")
+                self._answer(
+                    404, b"not found: try /healthz, /livez or /metrics\n", "text/plain; charset=utf-8"
+                )
 
         def _answer(self, code: int, body: bytes, content_type: str) -> None:
             self.send_response(code)
@@ -419,6 +493,8 @@ class CanaryOptions:
     api_key_env: str | None = None
     timeout_s: float | None = None
     miss_limit: int = DEFAULT_MISS_LIMIT
+    exit_on_corruption: bool = False
+    watch_restarts: bool = True
 
 
 class CanaryError(Exception):
@@ -429,12 +505,9 @@ def build_config(options: CanaryOptions) -> CanaryConfig:
     """Cases, served name and limits from the profile, else from the server's own `/v1/models`."""
     import os
 
-    from deploykit.smoke import special_token_ids
-
     profile = None
     profile_id = None
     if options.profile is not None:
-        from deploykit.plan import resolve_model_path
         from deploykit.profile.load import load_profile
         from deploykit.profile.schema import ProfileError
 
@@ -448,24 +521,20 @@ def build_config(options: CanaryOptions) -> CanaryConfig:
     if key_env and not api_key:
         raise CanaryError(f"the API key variable {key_env} is not set")
     if profile is not None:
-        adapters = list(profile.serve.lora.adapters)
-        return CanaryConfig(
+        from deploykit.plan import resolve_model_path
+
+        return config_for_profile(
+            profile,
+            profile_id,
             url=options.url,
-            served_name=options.model or profile.served_name,
-            cases=rotation_for(profile),
+            model_path=resolve_model_path(profile),
             every_s=options.every_s,
-            timeout_s=options.timeout_s or profile.smoke.timeout_s,
             api_key=api_key,
-            special_ids=special_token_ids(resolve_model_path(profile)),
-            max_model_len=profile.serve.max_model_len,
-            tie_tolerance=profile.smoke.tie_tolerance,
-            logprob_tolerance=profile.smoke.logprob_tolerance,
+            served_name=options.model,
+            timeout_s=options.timeout_s,
             miss_limit=options.miss_limit,
             store_url=options.store_url,
             store=options.store,
-            profile_name=profile.name,
-            profile_id=profile_id,
-            adapter=adapters[0] if adapters else None,
         )
     served, max_len = discover_model(options.url, api_key, options.model)
     return CanaryConfig(
@@ -479,6 +548,44 @@ def build_config(options: CanaryOptions) -> CanaryConfig:
         miss_limit=options.miss_limit,
         store_url=options.store_url,
         store=options.store,
+    )
+
+
+def config_for_profile(
+    profile: Profile,
+    profile_id: str | None,
+    *,
+    url: str,
+    model_path: str | None,
+    every_s: float = DEFAULT_EVERY_S,
+    api_key: str | None = None,
+    served_name: str | None = None,
+    timeout_s: float | None = None,
+    miss_limit: int = DEFAULT_MISS_LIMIT,
+    store_url: str | None = None,
+    store: bool = True,
+) -> CanaryConfig:
+    """The canary of a profile's server: its rotation, served name, limits and smoke tolerances."""
+    from deploykit.smoke import special_token_ids
+
+    adapters = list(profile.serve.lora.adapters)
+    return CanaryConfig(
+        url=url,
+        served_name=served_name or profile.served_name,
+        cases=rotation_for(profile),
+        every_s=every_s,
+        timeout_s=timeout_s or profile.smoke.timeout_s,
+        api_key=api_key,
+        special_ids=special_token_ids(model_path),
+        max_model_len=profile.serve.max_model_len,
+        tie_tolerance=profile.smoke.tie_tolerance,
+        logprob_tolerance=profile.smoke.logprob_tolerance,
+        miss_limit=miss_limit,
+        store_url=store_url,
+        store=store,
+        profile_name=profile.name,
+        profile_id=profile_id,
+        adapter=adapters[0] if adapters else None,
     )
 
 
@@ -526,7 +633,12 @@ def run_canary(options: CanaryOptions, say: Callable[[str], None] = print) -> in
             say(f"state: {text} (/healthz {200 if healthy else 503})")
         if summary.stored:
             say(f"row stored in {summary.stored}")
+        if options.exit_on_corruption and summary.outcome == "wrong":
+            corrupt.set()
+            stop.set()
 
+    stop = threading.Event()
+    corrupt = threading.Event()
     canary = Canary(config, on_run=on_run, on_warning=lambda m: say(f"deploykit canary: {m}"))
     try:
         server = serve_http(canary, host, port)
@@ -537,9 +649,12 @@ def run_canary(options: CanaryOptions, say: Callable[[str], None] = print) -> in
     rotation = ", ".join(canary.labels)
     say(
         f"canary for {config.served_name} at {config.url}: every {config.every_s:g} s, rotation {rotation}; "
-        f"/healthz and /metrics on http://{host}:{bound}"
+        f"/healthz, /livez and /metrics on http://{host}:{bound}"
     )
-    stop = threading.Event()
+    if options.watch_restarts:
+        threading.Thread(
+            target=canary.watch_restarts, args=(stop,), name="deploykit-canary-restarts", daemon=True
+        ).start()
     previous = {
         sig: signal.signal(sig, lambda signum, frame: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
     }
@@ -550,5 +665,8 @@ def run_canary(options: CanaryOptions, say: Callable[[str], None] = print) -> in
             signal.signal(sig, handler)
         server.shutdown()
         server.server_close()
+    if corrupt.is_set():
+        say(f"canary stopped: the output is corrupt (exit {EXIT_CORRUPT}, --exit-on-corruption)")
+        return EXIT_CORRUPT
     say("canary stopped")
     return 0

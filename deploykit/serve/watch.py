@@ -1,0 +1,372 @@
+"""`deploykit serve` after the verdict: keep serving, run the canary in-process, act on corruption.
+
+Some corruption comes later (the LoRA field report: correct until one long prompt, then token 0 for good
+with HTTP 200 and a healthy `/health`). While serving, the canary (`deploykit.serve.canary`) checks the
+output every `canary_every_s` seconds. A run whose answers are *wrong* (NaN/inf, token 0 or specials, an
+answer that changed at a clear margin) is corruption; timeouts, refused connections and HTTP 5xx/429 are
+misses and never corruption (a busy server is not a broken one).
+
+On corruption, `--on-corruption`:
+- `restart` (default): stop vLLM at once (no more wrong answers served), wait the backoff (0 s for the
+  first restart in an hour, then `restart_backoff_s`, doubling), start it again with the same argv and
+  environment, smoke it like the first start, and resume the canary. At most `max_restarts_per_hour`
+  restarts in any hour; the next corruption then stops serving (exit 1).
+- `stop`: stop vLLM and exit 1.
+- `ignore`: keep serving; the canary's row, `/healthz` (503) and `/metrics` still say it.
+
+Rows, in order: the canary's `state:corrupt` row (command `canary`), then serve's `corruption` row (what
+was decided: restart, stop, cap reached), then the restarted server's own smoke row (command `serve`,
+stage `done`, `timings.restart` = its number), and later the canary's `state:healthy` once a whole
+rotation has passed again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from deploykit.serve.console import ConsoleUI, LogFollower
+from deploykit.serve.helpers import EXIT_FAIL, EXIT_PASS, redact, store_record_at
+from deploykit.serve.signals import Interrupted, SignalGate, forwarded_signals
+
+if TYPE_CHECKING:
+    from deploykit.serve.attempt import Attempt
+    from deploykit.serve.canary import Canary, RunSummary
+    from deploykit.serve.launch import ServerProcess
+    from deploykit.store import ResultRecord
+
+OnCorruption = Literal["restart", "stop", "ignore"]
+DEFAULT_CANARY_EVERY_S = 60.0
+DEFAULT_MAX_RESTARTS_PER_HOUR = 3
+DEFAULT_RESTART_BACKOFF_S = 10.0
+MAX_RESTART_BACKOFF_S = 600.0
+HOUR_S = 3600.0
+
+
+@dataclass
+class RestartBudget:
+    """How many restarts are left this hour, and how long to wait before the next (pure: the caller's clock).
+
+    The first restart in an hour starts at once; each further one waits `backoff_s`, doubled per restart
+    already made in the last hour, up to `max_backoff_s`."""
+
+    max_per_hour: int = DEFAULT_MAX_RESTARTS_PER_HOUR
+    backoff_s: float = DEFAULT_RESTART_BACKOFF_S
+    max_backoff_s: float = MAX_RESTART_BACKOFF_S
+    history: list[float] = field(default_factory=list)
+
+    def recent(self, now: float) -> int:
+        return sum(1 for at in self.history if now - at < HOUR_S)
+
+    def next_delay(self, now: float) -> float | None:
+        """Seconds to wait before the next restart, or None once the hour's cap is reached."""
+        made = self.recent(now)
+        if made >= self.max_per_hour:
+            return None
+        if made == 0:
+            return 0.0
+        return float(min(self.max_backoff_s, self.backoff_s * 2 ** (made - 1)))
+
+    def record(self, now: float) -> int:
+        """Note a restart; returns how many were made in the last hour, this one included."""
+        self.history = [at for at in self.history if now - at < HOUR_S] + [now]
+        return len(self.history)
+
+
+class CanaryWatch:
+    """The in-process canary on its own thread, and an event set by each run whose answers were wrong."""
+
+    def __init__(self, canary: Canary, ui: ConsoleUI, listen: str | None) -> None:
+        self.canary = canary
+        self.ui = ui
+        self.corrupt = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._http = None
+        canary.on_run = self._on_run
+        canary.on_warning = lambda message: ui.warn(message)
+        if listen is not None:
+            from deploykit.serve.canary import parse_listen, serve_http
+
+            host, port = parse_listen(listen)
+            self._http = serve_http(canary, host, port)
+            bound = self._http.server_address[1]
+            ui.say(f"canary: /healthz and /metrics on http://{host}:{bound}")
+
+    def _on_run(self, summary: RunSummary) -> None:
+        if summary.outcome == "wrong":
+            self.ui.warn(f"canary run {summary.number + 1} {summary.case}: WRONG: {summary.report.diagnosis}")
+            self.corrupt.set()
+        elif summary.outcome == "miss":
+            self.ui.say(f"canary run {summary.number + 1} {summary.case}: miss: {summary.report.diagnosis}")
+        if summary.changed is not None:
+            healthy, text = self.canary.health()
+            self.ui.say(f"canary state: {text} (/healthz {200 if healthy else 503})")
+
+    def _loop(self) -> None:
+        try:
+            self.canary.run_forever(self._stop)
+        except Exception as exc:  # the canary must never take the server down with it
+            self.ui.warn(f"the canary stopped: {type(exc).__name__}: {exc}")
+
+    def start(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="deploykit-serve-canary", daemon=True)
+        self._thread.start()
+
+    def pause(self) -> None:
+        """Stop the checking thread (its current run finishes first); /healthz keeps answering."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.canary.config.timeout_s * 4 + 30)
+        self._thread = None
+        self.corrupt.clear()
+
+    def close(self) -> None:
+        self.pause()
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None
+
+
+def start_watch(attempt: Attempt, ui: ConsoleUI) -> CanaryWatch | None:
+    """The in-process canary for a passing attempt, or None when `--canary-every 0`."""
+    from deploykit.serve.canary import Canary, config_for_profile
+
+    options = attempt.options
+    if options.canary_every <= 0:
+        return None
+    assert attempt.loaded is not None and attempt.plan is not None and attempt.base_url is not None
+    profile = attempt.loaded.profile
+    api_key = os.environ.get(profile.serve.api_key_env) if profile.serve.api_key_env else None
+    config = config_for_profile(
+        profile,
+        attempt.loaded.id,
+        url=attempt.base_url,
+        model_path=attempt.plan.model_path,
+        every_s=options.canary_every,
+        api_key=api_key,
+        store_url=options.store_url,
+    )
+    watch = CanaryWatch(Canary(config), ui, options.canary_listen)
+    ui.say(
+        f"canary: every {config.every_s:g} s, rotation {', '.join(watch.canary.labels)}; "
+        f"on corruption: {options.on_corruption}"
+    )
+    return watch
+
+
+def serve_foreground(attempt: Attempt, gate: SignalGate, ui: ConsoleUI) -> int:
+    """Keep serving until SIGINT/SIGTERM (forwarded to vLLM's whole group), until vLLM exits, or until
+    corruption makes it stop; restarts vLLM on corruption when told to."""
+    assert attempt.server is not None and attempt.loaded is not None
+    options = attempt.options
+    budget = RestartBudget(options.max_restarts_per_hour, options.restart_backoff_s)
+    served = attempt.loaded.profile.served_name
+    watch = start_watch(attempt, ui)
+    try:
+        with forwarded_signals() as serving_gate:
+            serving_gate.armed = False
+
+            def signalled() -> int | None:
+                return serving_gate.received or gate.received
+
+            if watch is not None:
+                watch.start()
+            announced = None
+            while True:
+                server = attempt.server
+                assert server is not None
+                if server is not announced:
+                    announced = server
+                    ui.say(f"serving {served} at {attempt.base_url} (Ctrl-C or SIGTERM stops it)")
+                _follow(attempt, ui, lambda: signalled() is not None or _corrupt(watch))
+                code = server.exit_code()
+                if signalled() is not None:
+                    signum = signalled() or signal.SIGTERM
+                    ui.say(f"{signal.Signals(signum).name} received: stopping vLLM ...")
+                    server.stop()
+                    ui.say("vLLM stopped; nothing left running")
+                    return EXIT_PASS
+                if code is not None:
+                    ui.warn(f"vLLM exited by itself with code {code}; last log lines:\n{_tail(server)}")
+                    server.stop()
+                    return EXIT_FAIL
+                assert watch is not None
+                watch.corrupt.clear()
+                diagnosis = watch.canary.health()[1]
+                if options.on_corruption == "ignore":
+                    ui.warn(f"the output is corrupt ({diagnosis}); serving on (--on-corruption ignore)")
+                    continue
+                delay = budget.next_delay(time.monotonic()) if options.on_corruption == "restart" else None
+                if delay is None:
+                    why = (
+                        "--on-corruption stop"
+                        if options.on_corruption == "stop"
+                        else f"{options.max_restarts_per_hour} restart(s) in the last hour already, the cap"
+                    )
+                    watch.pause()
+                    server.stop()
+                    _store_decision(attempt, f"output corrupt: {diagnosis}; vLLM stopped ({why})", ui)
+                    ui.say("vLLM stopped; nothing left running")
+                    return EXIT_FAIL
+                watch.pause()
+                stopped_at = time.monotonic()
+                server.stop()
+                total = budget.record(time.monotonic())
+                _store_decision(
+                    attempt,
+                    f"output corrupt: {diagnosis}; vLLM stopped, restarting it after {delay:g} s "
+                    f"(restart {total} of at most {options.max_restarts_per_hour} in an hour)",
+                    ui,
+                    restart=total,
+                )
+                if _wait(delay - (time.monotonic() - stopped_at), signalled):
+                    continue  # the loop above sees the signal and stops (vLLM is already stopped)
+                serving_gate.armed = True
+                try:
+                    attempt, passed = _relaunch(attempt, total, ui, serving_gate)
+                except Interrupted as exc:  # _relaunch stopped what it started and stored its row
+                    return 128 + exc.signum
+                finally:
+                    serving_gate.armed = False
+                if attempt.server is None:  # it did not come up: its row says why
+                    return EXIT_FAIL
+                if not passed:
+                    watch.corrupt.set()  # the restarted server's smoke failed: corruption again
+                    continue
+                watch.start()
+    finally:
+        if watch is not None:
+            watch.close()
+
+
+def _corrupt(watch: CanaryWatch | None) -> bool:
+    return watch is not None and watch.corrupt.is_set()
+
+
+def _follow(attempt: Attempt, ui: ConsoleUI, done: Callable[[], bool]) -> None:
+    """Echo vLLM's new log lines until `done()` or vLLM exits."""
+    server = attempt.server
+    assert server is not None
+    follower = LogFollower(server.log_path)
+    follower.offset = server.log_path.stat().st_size if server.log_path.exists() else 0
+    while not done() and server.exit_code() is None:
+        ui.log_lines([redact(line, attempt.secrets) for line in follower.new_lines()])
+        time.sleep(0.2)
+
+
+def _wait(seconds: float, signalled: Callable[[], int | None]) -> bool:
+    """Sleep up to `seconds`; True when a signal came meanwhile."""
+    deadline = time.monotonic() + max(0.0, seconds)
+    while time.monotonic() < deadline:
+        if signalled() is not None:
+            return True
+        time.sleep(0.2)
+    return signalled() is not None
+
+
+def _tail(server: ServerProcess) -> str:
+    return "\n".join(server.log_tail().strip().splitlines()[-12:])
+
+
+def _store_decision(attempt: Attempt, diagnosis: str, ui: ConsoleUI, restart: int = 0) -> None:
+    """serve's row for a corruption: what the canary saw and what serve did about it."""
+    from deploykit.store import ResultRecord
+
+    loaded = attempt.loaded
+    assert loaded is not None
+    record: ResultRecord = ResultRecord(
+        command="serve",
+        profile_name=loaded.profile.name,
+        profile_id=loaded.id,
+        verdict="fail",
+        stage="corruption",
+        diagnosis=redact(diagnosis, attempt.secrets),
+        base_url=attempt.base_url,
+        versions=attempt.versions,
+        timings={"restart": float(restart), "serving_s": round(time.monotonic() - attempt.started, 4)},
+        log_path=str(attempt.server.log_path) if attempt.server else None,
+        log_tail=redact(attempt.server.log_tail(60), attempt.secrets) if attempt.server else "",
+    )
+    ui.warn(diagnosis)
+    result_id, where = store_record_at(record, attempt.options.store_url, ui)
+    if result_id is not None:
+        ui.say(f"result #{result_id} stored in {where}")
+
+
+def _relaunch(previous: Attempt, number: int, ui: ConsoleUI, gate: SignalGate) -> tuple[Attempt, bool]:
+    """Start vLLM again with the same argv and environment, wait for /health, smoke it, store its row.
+
+    `gate` is armed by the caller: a signal until the verdict raises `Interrupted` here (the new vLLM is
+    stopped, an `interrupted` row stored, and it is raised again); after the verdict it is only remembered.
+    Returns the new attempt (its `server` is None when vLLM did not come up) and whether the smoke passed.
+    """
+    from deploykit.serve.attempt import Attempt, _record, _smoke
+    from deploykit.serve.helpers import ServeFailure, child_environment, print_verdict, resolve_executable
+    from deploykit.serve.launch import LaunchError, start_server
+
+    assert previous.loaded is not None and previous.plan is not None and previous.base_url is not None
+    attempt = Attempt(
+        options=previous.options,
+        stage="launch",
+        loaded=previous.loaded,
+        plan=previous.plan,
+        argv=previous.argv,
+        base_url=previous.base_url,
+        facts=previous.facts,
+        versions=previous.versions,
+        secrets=previous.secrets,
+    )
+    attempt.timings["restart"] = float(number)
+    profile = previous.loaded.profile
+    assert previous.server is not None
+    log_path = previous.server.log_path.with_name(
+        f"{profile.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-restart{number}.log"
+    )
+    verdict, diagnosis = "error", ""
+    interrupted: Interrupted | None = None
+    try:
+        env = child_environment(previous.plan, os.environ)
+        host, port = previous.base_url.removeprefix("http://").rsplit(":", 1)
+        try:
+            attempt.server = start_server(
+                resolve_executable(attempt.argv), env, log_path=log_path, host=host, port=int(port)
+            )
+        except LaunchError as exc:
+            raise ServeFailure("launch", str(exc)) from None
+        ui.say(f"vLLM restarted: pid {attempt.server.pid} (own process group), log {log_path}")
+        attempt.stage = "startup"
+        try:
+            startup = attempt.server.wait_healthy(profile.deploy.startup_timeout_s, poll_s=0.2)
+        except LaunchError as exc:
+            raise ServeFailure("startup", f"the restarted vLLM did not come up: {exc}") from None
+        attempt.timings["startup_s"] = round(startup, 4)
+        ui.say(f"vLLM healthy again after {startup:.1f} s")
+        report = _smoke(attempt, ui)
+        verdict, diagnosis = ("pass" if report.passed else "fail"), report.diagnosis
+        attempt.stage = "done"
+    except ServeFailure as exc:
+        attempt.stage, diagnosis = exc.stage, str(exc)
+    except Interrupted as exc:
+        interrupted, verdict = exc, "interrupted"
+        diagnosis = f"stopped by {signal.Signals(exc.signum).name} during {attempt.stage} (restart {number})"
+        attempt.timings["signal"] = exc.signum
+    except Exception as exc:  # an unexpected error still gets its row
+        diagnosis = f"{type(exc).__name__}: {exc}"
+    gate.armed = False  # the row and the cleanup below must not be interrupted
+    record = _record(attempt, verdict, diagnosis)
+    if attempt.server is not None and (interrupted is not None or attempt.stage != "done"):
+        attempt.server.stop()
+        attempt.server = None
+    result_id, where = store_record_at(record, previous.options.store_url, ui)
+    print_verdict(record, result_id, where, ui)
+    if interrupted is not None:
+        raise interrupted
+    return attempt, verdict == "pass"

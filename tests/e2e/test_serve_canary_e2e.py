@@ -1,0 +1,150 @@
+"""`deploykit serve` in serving mode with its in-process canary, on the test-only fault worker (two vLLM
+starts: the first, and the restart after the corruption).
+
+The demo profile with `--worker-cls tests.e2e.fault_worker.FaultWorker` and its length trigger off: healthy
+until the test sends one request marked `deploykit_test_fault`, after which every forward pass returns NaN
+for good (HTTP 200, `/health` 200). Serve runs the canary every 2 s with `/healthz` on a port of its own.
+The corruption must be caught by the next canary run, `/healthz` must turn 503, serve must restart vLLM (a
+fresh worker: healthy again), the restarted server's smoke must pass, the canary must turn healthy again,
+and the rows must tell that story in order. Every wait is on a fact (an output line, a row, a counter) with
+a generous bound, never a fixed sleep, so CPU load cannot make it flaky.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from deploykit.serve.launch import free_port
+from deploykit.store import ResultRecord, open_store
+from tests.e2e.fault_worker import FAULT_KEY, TOKENS_ENV, WORKER_CLS
+from tests.e2e.serve_helpers import CommandRun, group_members
+from tests.e2e.test_serve_e2e import START_TIMEOUT_S, command_env, demo_variant
+from tests.vllm_harness import REPO
+
+pytestmark = pytest.mark.e2e
+
+EVERY_S = 2
+WAIT_S = 900.0
+
+
+def metrics(base: str) -> dict[str, float]:
+    text = httpx.get(base + "/metrics", timeout=30).text
+    return {
+        key: float(value)
+        for key, value in (line.rsplit(" ", 1) for line in text.splitlines() if line and line[0] != "#")
+    }
+
+
+def runs(base: str) -> int:
+    return int(sum(v for k, v in metrics(base).items() if k.startswith("deploykit_canary_runs_total")))
+
+
+def rows(store_url: str) -> list[ResultRecord]:
+    store = open_store(store_url)
+    try:
+        return list(reversed(store.recent(limit=100)))
+    finally:
+        store.close()
+
+
+def story(store_url: str) -> list[tuple[str, str, str]]:
+    return [(r.command, r.stage, r.verdict) for r in rows(store_url)]
+
+
+def gone(pid: int) -> bool:
+    return group_members(pid) == []
+
+
+def wait_until(fact: Callable[[], bool], what: str, run: CommandRun, timeout: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not fact():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s\n{run.tail()}"
+        time.sleep(0.2)
+
+
+def test_corruption_while_serving_is_caught_and_vllm_restarted(tiny_model_dir: Path, tmp_path: Path) -> None:
+    profile = demo_variant(tmp_path, "tiny-faulty", serve__extra_args=["--worker-cls", WORKER_CLS])
+    port, canary_port = free_port(), free_port()
+    store_url = f"sqlite:///{tmp_path / 'results.sqlite'}"
+    env = command_env(
+        tmp_path,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        DEPLOYKIT_MODEL_CACHE=str(tiny_model_dir.parent),
+        **{TOKENS_ENV: "off"},
+    )
+    args = ["serve", "--profile", str(profile), "--port", str(port), "--store", store_url]
+    args += ["--canary-every", str(EVERY_S), "--canary-listen", f"127.0.0.1:{canary_port}"]
+    run = CommandRun(args, env)
+    canary = f"http://127.0.0.1:{canary_port}"
+    try:
+        run.wait_for(r"^serving tiny at ", START_TIMEOUT_S)
+        assert story(store_url) == [("serve", "done", "pass")]
+        # The canary's first verdict: healthy, one row.
+        wait_until(lambda: len(rows(store_url)) >= 2, "the canary's first row", run)
+        assert story(store_url)[1] == ("canary", "state:healthy", "pass")
+        assert httpx.get(canary + "/healthz", timeout=30).status_code == 200
+
+        # Break the model for good: one marked request. HTTP 200 and /health 200 all the same.
+        before = runs(canary)
+        trigger = {"model": "tiny", "prompt": "hello", "max_tokens": 2, "vllm_xargs": {FAULT_KEY: "corrupt"}}
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
+            assert client.post("/v1/completions", json=trigger).status_code == 200
+            assert client.get("/health").status_code == 200
+        broke_at = runs(canary)
+
+        # Detected within one interval: the run in flight at the trigger may pass, the next one fails.
+        wait_until(lambda: httpx.get(canary + "/healthz", timeout=30).status_code == 503, "/healthz 503", run)
+        corrupt = next(r for r in rows(store_url) if r.stage == "state:corrupt")
+        assert before < (corrupt.timings["runs"] or 0) <= broke_at + 2, (corrupt.timings, before, broke_at)
+        assert corrupt.command == "canary" and corrupt.verdict == "fail"
+        assert "NaN" in corrupt.diagnosis or "special/pad token" in corrupt.diagnosis, corrupt.diagnosis
+
+        # serve restarts vLLM; the restarted server's smoke passes; the canary turns healthy again.
+        restarted = run.wait_for(r"^vLLM restarted: pid (\d+)", WAIT_S)
+        wait_until(
+            lambda: story(store_url)[-1] == ("canary", "state:healthy", "pass") and len(rows(store_url)) >= 6,
+            "the canary healthy again after the restart",
+            run,
+        )
+        assert httpx.get(canary + "/healthz", timeout=30).status_code == 200
+        assert story(store_url) == [
+            ("serve", "done", "pass"),  # the first start's smoke
+            ("canary", "state:healthy", "pass"),
+            ("canary", "state:corrupt", "fail"),  # the corruption
+            ("serve", "corruption", "fail"),  # the decision: restart
+            ("serve", "done", "pass"),  # the restarted server's smoke
+            ("canary", "state:healthy", "pass"),
+        ]
+        decision, resmoke = rows(store_url)[3], rows(store_url)[4]
+        assert "restarting it" in decision.diagnosis and decision.timings["restart"] == 1.0, (
+            decision.diagnosis
+        )
+        assert resmoke.timings["restart"] == 1.0 and resmoke.log_path and "restart1" in resmoke.log_path
+        failures = {
+            k: v for k, v in metrics(canary).items() if k.startswith("deploykit_canary_failures_total")
+        }
+        assert failures and all('reason="wrong"' in key for key in failures), failures
+        assert metrics(canary)["deploykit_canary_healthy"] == 1.0
+
+        run.process.send_signal(signal.SIGTERM)
+        assert run.finish(120) == 0, run.tail()
+        for pid in (run.vllm_pid(), int(restarted.group(1))):
+            assert pid is not None
+            wait_until(functools.partial(gone, pid), f"vLLM group {pid} gone", run, 30)
+        assert re.search(r"vLLM stopped; nothing left running", run.output)
+    finally:
+        if run.process.poll() is None:
+            run.process.send_signal(signal.SIGTERM)
+            try:
+                run.finish(120)
+            except Exception:
+                run.kill_everything()
