@@ -168,6 +168,18 @@ class CommandRun:
                     os.killpg(group, signal.SIGKILL)
         self.process.wait(timeout=30)
 
+    def stop(self, timeout: float) -> None:
+        """Test teardown: SIGTERM if still running and wait for deploykit to finish; kill what is left."""
+        import signal
+
+        if self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.finish(timeout)
+        except Exception:
+            self.kill_everything()
+
 
 def group_members(pgid: int) -> list[int]:
     """Live processes whose process group is `pgid` (zombies excluded)."""

@@ -11,7 +11,6 @@ Timing is stated in runs (read from `/metrics`), not in seconds, so CPU load can
 from __future__ import annotations
 
 import os
-import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -91,12 +90,7 @@ def canary(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
             run.wait_for(r"^canary for tiny at ", 120)
             yield CanaryRun(server, run, f"http://127.0.0.1:{port}", store_url)
         finally:
-            if run.process.poll() is None:
-                run.process.send_signal(signal.SIGTERM)
-                try:
-                    run.finish(120)
-                except Exception:
-                    run.kill_everything()
+            run.stop(120)
 
 
 def _stream(server: RunningServer, stop: threading.Event, errors: list[str]) -> None:

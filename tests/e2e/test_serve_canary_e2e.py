@@ -142,9 +142,4 @@ def test_corruption_while_serving_is_caught_and_vllm_restarted(tiny_model_dir: P
             wait_until(functools.partial(gone, pid), f"vLLM group {pid} gone", run, 30)
         assert re.search(r"vLLM stopped; nothing left running", run.output)
     finally:
-        if run.process.poll() is None:
-            run.process.send_signal(signal.SIGTERM)
-            try:
-                run.finish(120)
-            except Exception:
-                run.kill_everything()
+        run.stop(120)

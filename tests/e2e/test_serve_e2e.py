@@ -108,12 +108,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoServer]:
         run.wait_for(r"^serving tiny at ", START_TIMEOUT_S)
         yield DemoServer(run, port, store_url)
     finally:
-        if run.process.poll() is None:
-            run.process.send_signal(signal.SIGTERM)
-            try:
-                run.finish(60)
-            except Exception:
-                run.kill_everything()
+        run.stop(60)
 
 
 def test_demo_passes_and_its_row_is_in_the_default_store(demo: DemoServer) -> None:
