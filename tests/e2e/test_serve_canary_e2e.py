@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from deploykit.serve.launch import free_port
+from deploykit.net import free_port
 from deploykit.store import ResultRecord, open_store
 from tests.e2e.fault_worker import FAULT_KEY, TOKENS_ENV, WORKER_CLS
 from tests.e2e.serve_helpers import CommandRun, group_members
