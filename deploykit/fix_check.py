@@ -6,13 +6,16 @@ The server side is `deploykit.plugin_status` (it runs inside vLLM); this side on
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from deploykit.plugin_status import STATUS_PATH as STATUS_PATH
 from deploykit.smoke import CaseResult
+
+if TYPE_CHECKING:
+    from deploykit.smoke import SmokeReport, SmokeRequest
 
 CASE_NAME = "fixes"
 NONE_WORD = "none"
@@ -133,3 +136,40 @@ def fix_case(expected: Sequence[str], status: ServerFixStatus) -> CaseResult:
         latency_s=round(status.latency_s, 4),
         text=", ".join(f"{n} → {t}" for n, t in active.items()) or None,
     )
+
+
+def smoke_with_fix_check(
+    base_url: str,
+    requests: Sequence[SmokeRequest],
+    *,
+    expected: Sequence[str],
+    timeout_s: float,
+    api_key: str | None,
+    special_ids: frozenset[int],
+    tie_tolerance: float,
+    logprob_tolerance: float,
+    on_case: Callable[[CaseResult], None] | None = None,
+) -> tuple[SmokeReport, ServerFixStatus]:
+    """The smoke cases, then the fix check as one more case: what `serve` and `smoke` both judge a server by.
+
+    The status is read even when no fix is expected, so the stored row says what the server has active.
+    """
+    from deploykit.smoke import run_smoke, summarise
+
+    report = run_smoke(
+        base_url,
+        requests,
+        timeout_s=timeout_s,
+        api_key=api_key,
+        special_ids=special_ids,
+        on_case=on_case,
+        tie_tolerance=tie_tolerance,
+        logprob_tolerance=logprob_tolerance,
+    )
+    status = read_status(base_url, timeout_s=min(timeout_s, 60.0), api_key=api_key)
+    if expected:
+        case = fix_case(expected, status)
+        if on_case is not None:
+            on_case(case)
+        report = summarise([*report.cases, case], report.elapsed_s)
+    return report, status

@@ -14,6 +14,10 @@ import typer
 from deploykit.cli.options import FactsOption, FixOption, ProfileOption
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from deploykit.plan import Plan
+    from deploykit.profile.schema import LoadedProfile
     from deploykit.render.common import RenderResult
 
 render_app = typer.Typer(
@@ -23,9 +27,24 @@ render_app = typer.Typer(
 OutOption = Annotated[Path, typer.Option("--out", "-o", help="Directory to write the files into.")]
 
 
-def _report(result: RenderResult, out: Path) -> None:
-    from deploykit.render.common import write_files
+def _render(
+    kind: str,
+    profile: str,
+    out: Path,
+    facts: Path | None,
+    fix: list[str] | None,
+    render: Callable[[Plan, LoadedProfile], RenderResult],
+) -> None:
+    """Open the profile, plan it for the target, render, then print the warnings and the written paths."""
+    from deploykit.cli.options import fail, gather_facts, open_profile, parse_fix_overrides
+    from deploykit.render.common import RenderError, plan_for_render, write_files
 
+    loaded = open_profile(profile)
+    try:
+        plan = plan_for_render(loaded, gather_facts(facts), parse_fix_overrides(fix))
+        result = render(plan, loaded)
+    except RenderError as exc:
+        fail(f"render {kind}: {exc}")
     for warning in result.warnings:
         typer.echo(f"deploykit render: warning: {warning}", err=True)
     for path in write_files(result, out):
@@ -50,19 +69,18 @@ def render_systemd(
     """A hardened service unit, a smoke companion, a secrets file template and a sysusers entry."""
     import sys
 
-    from deploykit.cli.options import fail, gather_facts, open_profile, parse_fix_overrides
-    from deploykit.render.common import RenderError, plan_for_render
     from deploykit.render.systemd import SystemdOptions
     from deploykit.render.systemd import render_systemd as render
 
-    loaded = open_profile(profile)
-    try:
-        plan = plan_for_render(loaded, gather_facts(facts), parse_fix_overrides(fix))
-        target = (prefix or Path(sys.prefix)).absolute()
-        result = render(plan, loaded, SystemdOptions(prefix=target))
-    except RenderError as exc:
-        fail(f"render systemd: {exc}")
-    _report(result, out)
+    target = (prefix or Path(sys.prefix)).absolute()
+    _render(
+        "systemd",
+        profile,
+        out,
+        facts,
+        fix,
+        lambda plan, loaded: render(plan, loaded, SystemdOptions(prefix=target)),
+    )
 
 
 @render_app.command("helm")
@@ -73,17 +91,9 @@ def render_helm(
     fix: FixOption = None,
 ) -> None:
     """A Helm chart (apiVersion v2): Deployment, Service, profile ConfigMap and a smoke test hook."""
-    from deploykit.cli.options import fail, gather_facts, open_profile, parse_fix_overrides
-    from deploykit.render.common import RenderError, plan_for_render
     from deploykit.render.helm import render_helm as render
 
-    loaded = open_profile(profile)
-    try:
-        plan = plan_for_render(loaded, gather_facts(facts), parse_fix_overrides(fix))
-        result = render(plan, loaded)
-    except RenderError as exc:
-        fail(f"render helm: {exc}")
-    _report(result, out)
+    _render("helm", profile, out, facts, fix, render)
 
 
 def register(app: typer.Typer) -> None:

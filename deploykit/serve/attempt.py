@@ -113,7 +113,7 @@ def _run_attempt(options: ServeOptions, ui: ConsoleUI, store: Store) -> int:
     with forwarded_signals() as gate:
         try:
             _prepare_and_launch(attempt, ui)
-            report = _smoke(attempt, ui)
+            report = smoke_attempt(attempt, ui)
             verdict, diagnosis = ("pass" if report.passed else "fail"), report.diagnosis
             attempt.stage = "done"
         except Interrupted as exc:
@@ -131,7 +131,7 @@ def _run_attempt(options: ServeOptions, ui: ConsoleUI, store: Store) -> int:
         keep_serving = verdict == "pass" and not options.check and gate.received is None
         if attempt.server is not None and not keep_serving:
             _stop(attempt, ui)
-        record = _record(attempt, verdict, diagnosis)
+        record = attempt_record(attempt, verdict, diagnosis)
         result_id, where = store_record(record, store, ui)
         print_verdict(record, result_id, where, ui)
         store.close()
@@ -266,9 +266,10 @@ def ensure_model(plan: Plan, source: str, ui: ConsoleUI) -> None:
         )
 
 
-def _smoke(attempt: Attempt, ui: ConsoleUI) -> SmokeReport:
-    from deploykit.fix_check import fix_case, read_status
-    from deploykit.smoke import derive_cases, run_smoke, smoke_requests, special_token_ids, summarise
+def smoke_attempt(attempt: Attempt, ui: ConsoleUI) -> SmokeReport:
+    """The profile's smoke cases and the plan's fix check against the attempt's server."""
+    from deploykit.fix_check import smoke_with_fix_check
+    from deploykit.smoke import derive_cases, smoke_requests, special_token_ids
 
     assert attempt.loaded is not None and attempt.plan is not None and attempt.base_url is not None
     profile = attempt.loaded.profile
@@ -277,24 +278,18 @@ def _smoke(attempt: Attempt, ui: ConsoleUI) -> SmokeReport:
     requests = smoke_requests(derive_cases(profile), profile.served_name, adapters[0] if adapters else None)
     api_key = os.environ.get(profile.serve.api_key_env) if profile.serve.api_key_env else None
     ui.say(f"smoke: {len(requests)} request(s) against {attempt.base_url}")
-    report = run_smoke(
+    report, status = smoke_with_fix_check(
         attempt.base_url,
         requests,
+        expected=attempt.plan.enabled_fixes,
         timeout_s=profile.smoke.timeout_s,
         api_key=api_key,
         special_ids=special_token_ids(attempt.plan.model_path),
-        on_case=ui.case,
         tie_tolerance=profile.smoke.tie_tolerance,
         logprob_tolerance=profile.smoke.logprob_tolerance,
+        on_case=ui.case,
     )
-    # The plan's fixes must be active in the engine: GET /deploykit/status (deploykit.plugin_status).
-    status = read_status(attempt.base_url, timeout_s=min(profile.smoke.timeout_s, 60.0), api_key=api_key)
     attempt.fixes_active = status.fixes_active
-    expected = attempt.plan.enabled_fixes
-    if expected:
-        case = fix_case(expected, status)
-        ui.case(case)
-        report = summarise([*report.cases, case], report.elapsed_s)
     attempt.report = report
     attempt.timings["smoke_s"] = round(report.elapsed_s, 4)
     attempt.timings["requests_s"] = round(sum(case.latency_s for case in report.cases), 4)
@@ -311,7 +306,8 @@ def _stop(attempt: Attempt, ui: ConsoleUI) -> None:
     ui.say(f"vLLM stopped (exit code {code}); its process group is gone")
 
 
-def _record(attempt: Attempt, verdict: str, diagnosis: str) -> ResultRecord:
+def attempt_record(attempt: Attempt, verdict: str, diagnosis: str) -> ResultRecord:
+    """The attempt as its stored row."""
     from deploykit.store import ResultRecord
 
     attempt.mark("total_s", attempt.started)

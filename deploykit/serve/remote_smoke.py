@@ -58,7 +58,7 @@ def planned_fixes(loaded: LoadedProfile, facts_file: str | None) -> list[str]:
 
 def run_remote_smoke(options: SmokeOptions, ui: ConsoleUI | None = None) -> int:
     """Smoke a server that is already running; stores one row unless told not to."""
-    from deploykit.fix_check import fix_case, read_status
+    from deploykit.fix_check import smoke_with_fix_check
     from deploykit.plan import resolve_model_path
     from deploykit.profile.load import load_profile
     from deploykit.profile.schema import ProfileError, SmokeCase
@@ -66,10 +66,8 @@ def run_remote_smoke(options: SmokeOptions, ui: ConsoleUI | None = None) -> int:
         DEFAULT_LOGPROB_TOLERANCE,
         DEFAULT_TIE_TOLERANCE,
         derive_cases,
-        run_smoke,
         smoke_requests,
         special_token_ids,
-        summarise,
     )
     from deploykit.store import ResultRecord
 
@@ -117,22 +115,18 @@ def run_remote_smoke(options: SmokeOptions, ui: ConsoleUI | None = None) -> int:
                 raise ServeFailure("secrets", f"the API key variable {key_env} is not set")
         record.stage = "smoke"
         ui.say(f"smoke: {len(requests)} request(s) against {options.url}")
-        report = run_smoke(
+        report, status = smoke_with_fix_check(
             options.url,
             requests,
+            expected=expected,
             timeout_s=timeout,
             api_key=api_key,
             special_ids=special,
-            on_case=ui.case,
             tie_tolerance=tie,
             logprob_tolerance=logprob,
+            on_case=ui.case,
         )
-        status = read_status(options.url, timeout_s=min(timeout, 60.0), api_key=api_key)
         record.fixes_active = status.fixes_active
-        if expected:
-            case = fix_case(expected, status)
-            ui.case(case)
-            report = summarise([*report.cases, case], report.elapsed_s)
         record.verdict = "pass" if report.passed else "fail"
         record.stage = "done"
         record.diagnosis = report.diagnosis

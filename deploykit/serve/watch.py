@@ -308,8 +308,14 @@ def _relaunch(previous: Attempt, number: int, ui: ConsoleUI, gate: SignalGate) -
     stopped, an `interrupted` row stored, and it is raised again); after the verdict it is only remembered.
     Returns the new attempt (its `server` is None when vLLM did not come up) and whether the smoke passed.
     """
-    from deploykit.serve.attempt import Attempt, _record, _smoke
-    from deploykit.serve.helpers import ServeFailure, child_environment, print_verdict, resolve_executable
+    from deploykit.serve.attempt import Attempt, attempt_record, smoke_attempt
+    from deploykit.serve.helpers import (
+        ServeFailure,
+        argv_value,
+        child_environment,
+        print_verdict,
+        resolve_executable,
+    )
     from deploykit.serve.launch import LaunchError, start_server
 
     assert previous.loaded is not None and previous.plan is not None and previous.base_url is not None
@@ -334,10 +340,12 @@ def _relaunch(previous: Attempt, number: int, ui: ConsoleUI, gate: SignalGate) -
     interrupted: Interrupted | None = None
     try:
         env = child_environment(previous.plan, os.environ)
-        host, port = previous.base_url.removeprefix("http://").rsplit(":", 1)
+        # The bind host from the argv, as at the first launch (the URL's `[::1]` is not a host).
+        host = argv_value(attempt.argv, "--host", "127.0.0.1")
+        port = int(argv_value(attempt.argv, "--port", "8000"))
         try:
             attempt.server = start_server(
-                resolve_executable(attempt.argv), env, log_path=log_path, host=host, port=int(port)
+                resolve_executable(attempt.argv), env, log_path=log_path, host=host, port=port
             )
         except LaunchError as exc:
             raise ServeFailure("launch", str(exc)) from None
@@ -349,7 +357,7 @@ def _relaunch(previous: Attempt, number: int, ui: ConsoleUI, gate: SignalGate) -
             raise ServeFailure("startup", f"the restarted vLLM did not come up: {exc}") from None
         attempt.timings["startup_s"] = round(startup, 4)
         ui.say(f"vLLM healthy again after {startup:.1f} s")
-        report = _smoke(attempt, ui)
+        report = smoke_attempt(attempt, ui)
         verdict, diagnosis = ("pass" if report.passed else "fail"), report.diagnosis
         attempt.stage = "done"
     except ServeFailure as exc:
@@ -361,7 +369,7 @@ def _relaunch(previous: Attempt, number: int, ui: ConsoleUI, gate: SignalGate) -
     except Exception as exc:  # an unexpected error still gets its row
         diagnosis = f"{type(exc).__name__}: {exc}"
     gate.armed = False  # the row and the cleanup below must not be interrupted
-    record = _record(attempt, verdict, diagnosis)
+    record = attempt_record(attempt, verdict, diagnosis)
     if attempt.server is not None and (interrupted is not None or attempt.stage != "done"):
         attempt.server.stop()
         attempt.server = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -203,3 +204,42 @@ def read_proc(pid: int, name: str) -> bytes:
         return (Path("/proc") / str(pid) / name).read_bytes()
     except OSError:
         return b""
+
+
+@contextmanager
+def completion_streams(base_url: str, count: int, model: str = "tiny") -> Iterator[list[str]]:
+    """`count` greedy completion streams, one after another on each of `count` threads, for the `with`
+    body's duration: the load the no-false-alarm checks run under. Yields the list of errors seen."""
+    import httpx
+
+    body = {
+        "model": model,
+        "prompt": "Once upon a time there was",
+        "max_tokens": 48,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    stop, errors = threading.Event(), []
+
+    def stream() -> None:
+        with httpx.Client(base_url=base_url, timeout=300) as client:
+            while not stop.is_set():
+                try:
+                    with client.stream("POST", "/v1/completions", json=body) as response:
+                        for _ in response.iter_lines():
+                            pass
+                        if response.status_code != 200:
+                            errors.append(f"HTTP {response.status_code}")
+                except httpx.HTTPError as exc:
+                    errors.append(repr(exc))
+
+    threads = [threading.Thread(target=stream, name=f"load-stream-{i}") for i in range(count)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield errors
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=300)

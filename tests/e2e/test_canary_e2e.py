@@ -3,7 +3,8 @@
 The server runs the test-only `FaultWorker` with its length trigger off: it is healthy until the test sends
 one request marked `deploykit_test_fault`, after which every forward pass returns NaN for good (HTTP 200,
 `/health` 200). In file order:
-  1. no false alarm: 8 concurrent streams for 60 s with a 5 s interval, and not one failure;
+  1. no false alarm: 8 concurrent streams for 3 minutes (DEPLOYKIT_TEST_CANARY_LOAD_S) with a 5 s interval,
+     and not one failure;
   2. corruption triggered after start-up: the next run after the trigger fails and `/healthz` turns 503.
 Timing is stated in runs (read from `/metrics`), not in seconds, so CPU load cannot make them flaky.
 """
@@ -11,7 +12,6 @@ Timing is stated in runs (read from `/metrics`), not in seconds, so CPU load can
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,12 +23,12 @@ import pytest
 from deploykit.net import free_port
 from deploykit.store import open_store
 from tests.e2e.fault_worker import FAULT_KEY, TOKENS_ENV, WORKER_CLS
-from tests.e2e.serve_helpers import CommandRun
+from tests.e2e.serve_helpers import CommandRun, completion_streams
 from tests.vllm_harness import REPO, RunningServer, running_vllm, tiny_serve_args
 
 pytestmark = pytest.mark.e2e
 
-LOAD_S = float(os.environ.get("DEPLOYKIT_TEST_CANARY_LOAD_S", "60"))
+LOAD_S = float(os.environ.get("DEPLOYKIT_TEST_CANARY_LOAD_S", "180"))
 EVERY_S = 5
 ROTATION = ["completion", "chat", "repeat", "long_then_short", "prefix_cache", "batch"]
 
@@ -93,43 +93,14 @@ def canary(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
             run.stop(120)
 
 
-def _stream(server: RunningServer, stop: threading.Event, errors: list[str]) -> None:
-    body = {
-        "model": "tiny",
-        "prompt": "Once upon a time there was",
-        "max_tokens": 48,
-        "temperature": 0,
-        "stream": True,
-        "ignore_eos": True,
-    }
-    with httpx.Client(base_url=server.base_url, timeout=300) as client:
-        while not stop.is_set():
-            try:
-                with client.stream("POST", "/v1/completions", json=body) as response:
-                    for _ in response.iter_lines():
-                        pass
-                    if response.status_code != 200:
-                        errors.append(f"HTTP {response.status_code}")
-            except httpx.HTTPError as exc:
-                errors.append(repr(exc))
-
-
 def test_no_false_alarm_under_8_concurrent_streams(canary: CanaryRun) -> None:
     canary.wait_runs(1)
-    stop, errors = threading.Event(), []
-    streams = [threading.Thread(target=_stream, args=(canary.server, stop, errors)) for _ in range(8)]
-    for thread in streams:
-        thread.start()
     statuses: set[int] = set()
-    started = time.monotonic()
-    try:
+    with completion_streams(canary.server.base_url, 8) as errors:
+        started = time.monotonic()
         while time.monotonic() - started < LOAD_S:
             statuses.add(canary.healthz())
             time.sleep(1)
-    finally:
-        stop.set()
-        for thread in streams:
-            thread.join(timeout=300)
     # Every case of the rotation ran at least once (under load or just after it).
     canary.wait_runs(len(ROTATION) + 1)
     assert not errors, errors[:3]

@@ -4,10 +4,12 @@ starts: the first, and the restart after the corruption).
 The demo profile with `--worker-cls tests.e2e.fault_worker.FaultWorker` and its length trigger off: healthy
 until the test sends one request marked `deploykit_test_fault`, after which every forward pass returns NaN
 for good (HTTP 200, `/health` 200). Serve runs the canary every 2 s with `/healthz` on a port of its own.
-The corruption must be caught by the next canary run, `/healthz` must turn 503, serve must restart vLLM (a
-fresh worker: healthy again), the restarted server's smoke must pass, the canary must turn healthy again,
-and the rows must tell that story in order. Every wait is on a fact (an output line, a row, a counter) with
-a generous bound, never a fixed sleep, so CPU load cannot make it flaky.
+First, no false alarm: 8 concurrent completion streams for DEPLOYKIT_TEST_SERVE_CANARY_LOAD_S seconds (60
+by default) while the canary runs, and not one canary failure, restart or extra row. Then the corruption
+must be caught by the next canary run, `/healthz` must turn 503, serve must restart vLLM (a fresh worker:
+healthy again), the restarted server's smoke must pass, the canary must turn healthy again, and the rows
+must tell that story in order. Every wait is on a fact (an output line, a row, a counter) with a generous
+bound, never a fixed sleep, so CPU load cannot make it flaky.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import pytest
 from deploykit.net import free_port
 from deploykit.store import ResultRecord, open_store
 from tests.e2e.fault_worker import FAULT_KEY, TOKENS_ENV, WORKER_CLS
-from tests.e2e.serve_helpers import CommandRun, group_members
+from tests.e2e.serve_helpers import CommandRun, completion_streams, group_members
 from tests.e2e.test_serve_e2e import START_TIMEOUT_S, command_env, demo_variant
 from tests.vllm_harness import REPO
 
@@ -34,6 +36,8 @@ pytestmark = pytest.mark.e2e
 
 EVERY_S = 2
 WAIT_S = 900.0
+LOAD_S = float(os.environ.get("DEPLOYKIT_TEST_SERVE_CANARY_LOAD_S", "60"))
+ROTATION_RUNS = 7  # every case of the demo profile's rotation, and one more
 
 
 def metrics(base: str) -> dict[str, float]:
@@ -71,7 +75,9 @@ def wait_until(fact: Callable[[], bool], what: str, run: CommandRun, timeout: fl
         time.sleep(0.2)
 
 
-def test_corruption_while_serving_is_caught_and_vllm_restarted(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_serve_canary_quiet_under_load_then_restarts_on_corruption(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     profile = demo_variant(tmp_path, "tiny-faulty", serve__extra_args=["--worker-cls", WORKER_CLS])
     port, canary_port = free_port(), free_port()
     store_url = f"sqlite:///{tmp_path / 'results.sqlite'}"
@@ -94,6 +100,20 @@ def test_corruption_while_serving_is_caught_and_vllm_restarted(tiny_model_dir: P
         wait_until(lambda: len(rows(store_url)) >= 2, "the canary's first row", run)
         assert story(store_url)[1] == ("canary", "state:healthy", "pass")
         assert httpx.get(canary + "/healthz", timeout=30).status_code == 200
+
+        # No false alarm while the server is busy: 8 concurrent streams, the canary still running.
+        statuses: set[int] = set()
+        with completion_streams(f"http://127.0.0.1:{port}", 8) as errors:
+            started = time.monotonic()
+            while time.monotonic() - started < LOAD_S:
+                statuses.add(httpx.get(canary + "/healthz", timeout=30).status_code)
+                time.sleep(1)
+        wait_until(lambda: runs(canary) >= ROTATION_RUNS, "a whole rotation of canary runs", run)
+        assert not errors, errors[:3]
+        assert statuses == {200}, run.tail()
+        assert not [k for k in metrics(canary) if k.startswith("deploykit_canary_failures_total")], run.tail()
+        assert story(store_url) == [("serve", "done", "pass"), ("canary", "state:healthy", "pass")]
+        assert "vLLM restarted" not in run.output
 
         # Break the model for good: one marked request. HTTP 200 and /health 200 all the same.
         before = runs(canary)

@@ -38,7 +38,7 @@ from tests.profile_variants import profile_variant
 
 pytestmark = pytest.mark.e2e
 
-START_TIMEOUT_S = float(os.environ.get("DEPLOYKIT_TEST_STARTUP_TIMEOUT", "420"))
+START_TIMEOUT_S = float(os.environ.get("DEPLOYKIT_TEST_STARTUP_TIMEOUT", "600"))
 
 
 def command_env(tmp: Path, **extra: str) -> dict[str, str]:

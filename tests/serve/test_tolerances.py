@@ -60,5 +60,5 @@ def test_serve_smoke_passes_the_profiles_tolerances(tmp_path: Path, captured: di
         plan=SimpleNamespace(model_path=None, enabled_fixes=[]),  # type: ignore[arg-type]
         base_url="http://127.0.0.1:1",
     )
-    attempt_module._smoke(attempt, ConsoleUI(quiet=True))
+    attempt_module.smoke_attempt(attempt, ConsoleUI(quiet=True))
     assert (captured["tie_tolerance"], captured["logprob_tolerance"]) == (0.3, 0.2)

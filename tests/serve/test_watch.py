@@ -24,6 +24,8 @@ from deploykit.serve.watch import CanaryWatch, RestartBudget
 from deploykit.store import open_store
 from tests.serve.test_canary import GOOD, MISS, WRONG, make, stored
 
+FACTS = Path(__file__).resolve().parents[1] / "fixtures" / "facts"
+
 # --- the budget ------------------------------------------------------------------------------------
 
 
@@ -281,3 +283,32 @@ def test_ignore_keeps_serving_until_a_signal(tmp_path: Path, monkeypatch: pytest
     assert watch.serve_foreground(attempt, gate, UI(quiet=True)) == EXIT_PASS
     assert any("serving on (--on-corruption ignore)" in m for m in said)
     assert rows(url) == []  # serve stores nothing for ignore; the canary's own row says it
+
+
+def test_a_restart_binds_the_host_of_the_argv_also_on_ipv6(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An IPv6 server's URL is `http://[::1]:PORT`; a restart must bind `::1`, as the first launch did."""
+    from deploykit.plan import make_plan
+    from deploykit.probe.load import load_facts
+    from deploykit.serve import launch
+
+    bound: list[tuple[str, int]] = []
+
+    def start_server(argv: list[str], env: dict[str, str], *, log_path: Path, host: str, port: int) -> Any:
+        bound.append((host, port))
+        raise launch.LaunchError("refused by the test")
+
+    monkeypatch.setattr(launch, "start_server", start_server)
+    previous, url = serving(tmp_path)
+    assert previous.loaded is not None
+    previous.plan = make_plan(previous.loaded, load_facts(str(FACTS / "no-gpu.json")))
+    values = {"--host": "::1", "--port": "18123"}
+    argv = previous.plan.argv
+    previous.argv = [values.get(argv[i - 1], arg) if i else arg for i, arg in enumerate(argv)]
+    assert "::1" in previous.argv and "18123" in previous.argv
+    previous.base_url = "http://[::1]:18123"
+    restarted, passed = watch._relaunch(previous, 1, ConsoleUI(quiet=True), SignalGate(armed=False))
+    assert bound == [("::1", 18123)]
+    assert not passed and restarted.server is None
+    assert rows(url)[-1][1] == "launch"
