@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import typer
@@ -33,6 +34,40 @@ class _ReportingGroup(TyperGroup):
             return super().invoke(ctx)
         except DeploykitError as exc:
             raise typer.Exit(report_error(exc)) from None
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
+        """A command-line mistake (unknown option, value out of range, missing argument) is one line
+        too, like every other user error, instead of Typer's usage banner and boxed message."""
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, windows_expand_args, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, False, windows_expand_args, **extra)
+        except typer.TyperException as exc:  # the base of Typer's (click's) parsing errors
+            sys.exit(report_usage_error(exc))
+        except typer.Abort:
+            typer.echo("deploykit: aborted", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+def report_usage_error(exc: typer.TyperException) -> int:
+    """Typer's own message, with the command's help named as the way out."""
+    if type(exc).__name__ == "NoArgsIsHelpError":
+        return exc.exit_code  # a bare group: its help is printed already
+    message = exc.format_message().strip().rstrip(".")
+    ctx = getattr(exc, "ctx", None)
+    if ctx is not None:
+        message += f" (see '{ctx.command_path} --help')"
+    typer.echo(f"deploykit: {message}", err=True)
+    return exc.exit_code
 
 
 app = typer.Typer(

@@ -197,6 +197,12 @@ CASES: list[tuple[str, list[str], int, list[str]]] = [
         2,
         ["/nonexistent/profiles"],
     ),
+    # Mistakes on the command line itself, caught by Typer's parser before any command runs.
+    ("unknown-option", ["plan", "--profle", "demo-cpu"], 2, ["--profle", "--profile", "plan --help"]),
+    ("unknown-command", ["servе"], 2, ["servе", "deploykit --help"]),
+    ("missing-option", ["plan"], 2, ["'--profile'", "plan --help"]),
+    ("bad-choice", ["probe", "--format", "xml"], 2, ["'xml'", "probe --help"]),
+    ("option-without-value", ["render", "helm", "--profile"], 2, ["'--profile'"]),
 ]
 
 
@@ -224,6 +230,11 @@ def test_bad_input_is_one_clear_line(
     output = result.stdout + result.stderr
     assert result.returncode == code, output
     assert "Traceback" not in output, output
+    # One line of deploykit's closes stderr (serve reports on stdout: its verdict and the stored row);
+    # no usage banner or boxed message around it.
+    if result.stderr:
+        assert result.stderr.splitlines()[-1].startswith("deploykit: "), result.stderr
+    assert not any(mark in output for mark in ("Usage:", "╭", "│")), output
     for text in named:
         assert text.format(**fill) in output, output
     assert "pw@" not in output  # a store URL's password is never printed
