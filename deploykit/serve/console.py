@@ -22,12 +22,14 @@ class ConsoleUI:
         self._status: Any = None
         self._last_plain = 0.0
 
+    # soft_wrap: deploykit's own lines are never re-flowed to 80 columns (a pipe, a file, a journal):
+    # a verdict stays one line for grep and a path is never split; a terminal wraps them itself.
     def say(self, message: str) -> None:
-        self.out.print(message, markup=False)
+        self.out.print(message, markup=False, soft_wrap=True)
         self.out.file.flush()
 
     def warn(self, message: str) -> None:
-        self.err.print(f"deploykit: {message}", markup=False, style="yellow")
+        self.err.print(f"deploykit: {message}", markup=False, style="yellow", soft_wrap=True)
 
     def log_lines(self, lines: Sequence[str]) -> None:
         if not self.quiet:

@@ -1,0 +1,20 @@
+"""deploykit's own lines during serve and smoke, as a pipe or a log file receives them."""
+
+from __future__ import annotations
+
+import pytest
+
+from deploykit.serve.console import ConsoleUI
+
+LONG_PATH = "/srv/models/" + "a" * 150 + "/profile.yaml"
+
+
+def test_a_verdict_line_is_never_reflowed_when_piped(capsys: pytest.CaptureFixture[str]) -> None:
+    message = f"verdict: ERROR (profile): the profile cannot be used: {LONG_PATH}:1:1: (file): no such file"
+    ConsoleUI(quiet=True).say(message)
+    assert capsys.readouterr().out == message + "\n"
+
+
+def test_a_warning_is_one_line_with_the_whole_path(capsys: pytest.CaptureFixture[str]) -> None:
+    ConsoleUI(quiet=True).warn(f"the result could not be stored: {LONG_PATH} is read-only")
+    assert capsys.readouterr().err == f"deploykit: the result could not be stored: {LONG_PATH} is read-only\n"
