@@ -12,7 +12,7 @@ import typer
 from typer.core import TyperGroup
 
 from deploykit.cli import canary, fixes, plan, probe, profiles, render, serve, trace
-from deploykit.errors import DeploykitError
+from deploykit.errors import DeploykitError, UsageError
 
 
 def report_error(exc: DeploykitError) -> int:
@@ -66,8 +66,9 @@ def report_usage_error(exc: typer.TyperException) -> int:
     ctx = getattr(exc, "ctx", None)
     if ctx is not None:
         message += f" (see '{ctx.command_path} --help')"
-    typer.echo(f"deploykit: {message}", err=True)
-    return exc.exit_code
+    error = UsageError(message)
+    error.exit_code = exc.exit_code
+    return report_error(error)
 
 
 app = typer.Typer(
