@@ -68,7 +68,7 @@ class StoreError(errors.StoreError, RuntimeError):
 
 
 SUPPORTED = "SQLite (sqlite:///PATH, or a bare file path) or PostgreSQL (postgresql://USER@HOST/DB)"
-POSTGRES_EXTRA = "pip install 'deploykit[postgres]'"
+POSTGRES_EXTRA = "pip install 'vllm-deploykit[postgres]'"
 
 
 def normalise_url(url: str) -> str:

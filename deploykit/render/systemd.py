@@ -170,13 +170,13 @@ def check_prefix_sees_plugin(prefix: Path) -> None:
     if found is None:
         raise RenderError(f"--prefix {prefix}: {python} failed: {done.stderr.strip()[-300:]}")
     if PLUGIN_ENTRY_POINT not in found:
-        from deploykit import __version__
+        from deploykit import DISTRIBUTION, __version__
 
         raise RenderError(
             f"--prefix {prefix}: its Python does not see deploykit's vLLM plugin (entry point "
             f"vllm.general_plugins {PLUGIN_ENTRY_POINT[0]} = {PLUGIN_ENTRY_POINT[1]}), so vLLM there would "
             f"ignore DEPLOYKIT_FIXES and serve without the planned fixes. Install deploykit beside vLLM: "
-            f"{prefix}/bin/python -m pip install deploykit=={__version__}"
+            f"{prefix}/bin/python -m pip install {DISTRIBUTION}=={__version__}"
         )
 
 

@@ -69,7 +69,7 @@ CASES: list[tuple[str, list[str], int, list[str]]] = [
         "store-missing-driver",
         ["results", "list", "--store", "postgresql://u@127.0.0.1:1/db"],
         1,
-        ["127.0.0.1:1/db", "psycopg", "deploykit[postgres]"],
+        ["127.0.0.1:1/db", "psycopg", "vllm-deploykit[postgres]"],
     ),
     (
         "store-not-a-database",

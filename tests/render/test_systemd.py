@@ -373,7 +373,7 @@ def test_a_prefix_without_deploykits_plugin_is_refused(turing_facts: Path, tmp_p
     refused = deploykit(*args, "--out", str(tmp_path / "out"), "--prefix", str(bare), check=False)
     assert refused.returncode == 2
     assert "does not see deploykit's vLLM plugin" in refused.stderr
-    assert f"{bare}/bin/python -m pip install deploykit==" in refused.stderr
+    assert f"{bare}/bin/python -m pip install vllm-deploykit==" in refused.stderr
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
     elsewhere = deploykit(*args, "--out", str(tmp_path / "other"), "--prefix", "/opt/not-on-this-host")
     assert "deploykit-gemma4-turing.service" in elsewhere.stdout
