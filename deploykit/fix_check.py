@@ -54,7 +54,8 @@ def parse_expect_fixes(text: str, known: Iterable[str]) -> list[str]:
 
 
 def read_status(base_url: str, *, timeout_s: float = 30.0, api_key: str | None = None) -> ServerFixStatus:
-    """GET the status route; never raises for HTTP trouble."""
+    """GET the status route with the server's API key (the route answers 401 without it when the server has
+    one); never raises for HTTP trouble."""
     import time
 
     import httpx
@@ -74,6 +75,18 @@ def read_status(base_url: str, *, timeout_s: float = 30.0, api_key: str | None =
         body: Any = response.json()
     except ValueError:
         body = None
+    if response.status_code == 401:  # the route is guarded like /v1 when the server has an API key
+        why = (
+            "the key sent was refused"
+            if api_key
+            else "no key was sent (name its variable: --api-key-env VAR or the profile's serve.api_key_env)"
+        )
+        return ServerFixStatus(
+            route="error",
+            http_status=401,
+            detail=f"HTTP 401: the server requires its API key; {why}",
+            latency_s=elapsed,
+        )
     if response.status_code != 200 or not isinstance(body, dict):
         return ServerFixStatus(
             route="error",

@@ -86,3 +86,27 @@ def test_an_unreachable_server_is_an_error_not_a_pass(monkeypatch: pytest.Monkey
     status = read_status("http://server:8000")
     assert status.route == "error" and status.fixes_active is None
     assert "could not be read: ConnectError" in fix_case(["matmul_lora"], status).diagnosis
+
+
+def test_the_key_is_sent_and_a_refusal_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    sent: list[dict[str, str]] = []
+
+    def get(url: str, *, headers: dict[str, str], **_: Any) -> httpx.Response:
+        sent.append(headers)
+        ok = headers.get("Authorization") == "Bearer sk-right"
+        body = {"fixes_requested": ["matmul_lora"], "fixes_active": {"matmul_lora": "T"}}
+        return httpx.Response(
+            200 if ok else 401,
+            json=body if ok else {"error": "Unauthorized"},
+            request=httpx.Request("GET", url),
+        )
+
+    monkeypatch.setattr(httpx, "get", get)
+    assert read_status("http://server:8000", api_key="sk-right").fixes_active == {"matmul_lora": "T"}
+    wrong = read_status("http://server:8000", api_key="sk-wrong")
+    missing = read_status("http://server:8000")
+    assert [h.get("Authorization") for h in sent] == ["Bearer sk-right", "Bearer sk-wrong", None]
+    assert wrong.route == missing.route == "error" and wrong.http_status == 401
+    assert "requires its API key; the key sent was refused" in fix_case(["matmul_lora"], wrong).diagnosis
+    assert "requires its API key; no key was sent" in fix_case(["matmul_lora"], missing).diagnosis
+    assert "sk-wrong" not in wrong.detail

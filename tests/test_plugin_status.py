@@ -9,6 +9,7 @@ import sys
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
+import httpx
 import pytest
 
 from deploykit import plugin, plugin_status
@@ -89,13 +90,20 @@ def test_active_means_every_engine_worker_applied_it() -> None:
 
 
 class _Engine:
+    """A fake engine client whose `collective_rpc` counts calls; `gate` (when set) holds each call until
+    the test opens it, and `errors` fail the next calls in turn."""
+
     def __init__(self, answer: Any = None, error: Exception | None = None) -> None:
-        self.answer, self.error, self.calls = answer, error, []
+        self.answer, self.calls = answer, []
+        self.errors: list[Exception] = [error] if error is not None else []
+        self.gate: asyncio.Event | None = None
 
     async def collective_rpc(self, method: str, timeout: float | None = None) -> Any:
         self.calls.append(method)
-        if self.error is not None:
-            raise self.error
+        if self.gate is not None:
+            await asyncio.wait_for(self.gate.wait(), 10)
+        if self.errors:
+            raise self.errors.pop(0)
         return self.answer
 
 
@@ -119,3 +127,173 @@ def test_an_engine_that_does_not_answer_leaves_nothing_active(monkeypatch: pytes
     asyncio.run(endpoint.init_state(_Engine(error=TimeoutError("rpc timed out")), None, None))
     body = asyncio.run(endpoint.status())
     assert body["fixes_active"] == {} and "TimeoutError: rpc timed out" in body["engine_error"]
+
+
+# --- the route over HTTP: a real FastAPI app, driven through httpx's ASGI transport -----------------------
+
+RECORD = {"pid": 11, "rank": 0, "fixes_applied": {"device_penalties": "worker-side"}}
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _serve(
+    engine: _Engine | None, args: Any, *, ttl: float | None = None, clock: Any = None
+) -> tuple[plugin_status.StatusEndpoint, Any]:
+    """The endpoint attached to a real FastAPI app, initialised with the server's args as vLLM does."""
+    from fastapi import FastAPI
+
+    options = {"cache_ttl_s": ttl, "clock": clock}
+    endpoint = plugin_status.StatusEndpoint(**{k: v for k, v in options.items() if v is not None})
+    app = FastAPI()
+    endpoint.attach_router(app)
+    asyncio.run(endpoint.init_state(engine, SimpleNamespace(), args))
+    return endpoint, app
+
+
+async def _get(app: Any, *headers: dict[str, str]) -> list[httpx.Response]:
+    """One GET per headers dict, all at once."""
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://vllm") as client:
+        return list(
+            await asyncio.gather(*(client.get(plugin_status.STATUS_PATH, headers=h) for h in headers))
+        )
+
+
+def get(app: Any, headers: dict[str, str] | None = None) -> httpx.Response:
+    (response,) = asyncio.run(_get(app, headers or {}))
+    return response
+
+
+@pytest.fixture(autouse=True)
+def _no_key_inherited(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    monkeypatch.setenv(plugin.ENV_VAR, "device_penalties")
+
+
+@pytest.mark.parametrize(
+    ("api_key", "env_key", "good", "bad"),
+    [
+        (["sk-one", "sk-two"], None, "sk-two", "sk-three"),  # --api-key a b: either key opens it
+        ("sk-one", None, "sk-one", "sk-on"),  # a single string is one key, not its characters
+        (None, "sk-env", "sk-env", "sk-one"),  # VLLM_API_KEY, as vLLM reads it
+        (["sk-cli"], "sk-env", "sk-cli", "sk-env"),  # --api-key wins over VLLM_API_KEY, as in vLLM
+    ],
+)
+def test_with_a_key_the_route_answers_401_like_v1_unless_the_bearer_carries_it(
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    api_key: Any,
+    env_key: str | None,
+    good: str,
+    bad: str,
+) -> None:
+    if env_key is not None:
+        monkeypatch.setenv("VLLM_API_KEY", env_key)
+    engine = _Engine([RECORD])
+    _, app = _serve(engine, SimpleNamespace(api_key=api_key))
+    for headers in ({}, {"Authorization": f"Bearer {bad}"}, {"Authorization": good}, {"X-Api-Key": good}):
+        refused = get(app, headers)
+        assert refused.status_code == 401, headers
+        assert refused.json() == {"error": "Unauthorized"}  # vLLM's AuthenticationMiddleware body
+    assert engine.calls == []  # a refused GET never reaches the engine
+    for scheme in ("Bearer", "bearer"):
+        answer = get(app, {"Authorization": f"{scheme} {good}"})
+        assert answer.status_code == 200 and answer.json()["fixes_active"] == {
+            "device_penalties": "worker-side"
+        }
+    assert good not in caplog.text and bad not in caplog.text
+
+
+def test_without_a_key_the_route_stays_open(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_API_KEY", "")  # set but empty: no key, as vLLM reads it
+    for args in (SimpleNamespace(api_key=None), SimpleNamespace(api_key=[]), SimpleNamespace(), None):
+        _, app = _serve(_Engine([RECORD]), args)
+        assert get(app).status_code == 200
+        assert get(app, {"Authorization": "Bearer anything"}).status_code == 200
+
+
+def test_a_burst_of_gets_costs_one_rpc_and_the_cache_expires(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _Clock()
+    engine = _Engine([RECORD])
+    endpoint, app = _serve(engine, SimpleNamespace(api_key=["sk"]), clock=clock)
+    auth = {"Authorization": "Bearer sk"}
+
+    async def burst() -> list[httpx.Response]:
+        engine.gate = asyncio.Event()
+        arrived = 0
+        ask = endpoint.engine_answer
+
+        async def counted() -> plugin_status.EngineAnswer:
+            nonlocal arrived
+            arrived += 1
+            if arrived == 20:  # every GET is waiting: only now may the one RPC answer
+                assert engine.gate is not None
+                engine.gate.set()
+            return await ask()
+
+        monkeypatch.setattr(endpoint, "engine_answer", counted)
+        try:
+            return await _get(app, *[auth] * 20)
+        finally:
+            monkeypatch.setattr(endpoint, "engine_answer", ask)
+            engine.gate = None
+
+    responses = asyncio.run(burst())
+    assert [r.status_code for r in responses] == [200] * 20
+    assert len(engine.calls) == 1
+    assert all(r.json()["engine"] == [RECORD] for r in responses)
+
+    clock.now += plugin_status.CACHE_TTL_S / 2  # within the cache time: the same answer, its age reported
+    body = get(app, auth).json()
+    assert len(engine.calls) == 1 and body["engine_answer_age_s"] == plugin_status.CACHE_TTL_S / 2
+
+    clock.now += plugin_status.CACHE_TTL_S  # expired: the next GET asks again
+    body = get(app, auth).json()
+    assert len(engine.calls) == 2 and body["engine_answer_age_s"] == 0.0
+
+
+def test_concurrent_gets_share_one_rpc_even_without_the_cache() -> None:
+    engine = _Engine([RECORD])
+    endpoint, _ = _serve(engine, None, ttl=0.0)
+
+    async def burst() -> list[dict[str, Any]]:
+        engine.gate = asyncio.Event()
+        waiting = [asyncio.ensure_future(endpoint.status()) for _ in range(20)]
+        await asyncio.sleep(0.05)
+        waiting[0].cancel()  # a client that went away does not cancel the RPC the others wait for
+        engine.gate.set()
+        done = await asyncio.gather(*waiting, return_exceptions=True)
+        assert isinstance(done[0], asyncio.CancelledError)
+        return [d for d in done[1:] if isinstance(d, dict)]
+
+    bodies = asyncio.run(burst())
+    assert len(bodies) == 19 and all(b["fixes_active"] == {"device_penalties": "worker-side"} for b in bodies)
+    assert len(engine.calls) == 1
+    asyncio.run(endpoint.status())  # no cache: the next GET is a new RPC
+    assert len(engine.calls) == 2
+
+
+def test_a_failed_rpc_is_shared_by_its_waiters_but_not_cached() -> None:
+    engine = _Engine([RECORD], error=TimeoutError("rpc timed out"))
+    _, app = _serve(engine, None, clock=_Clock())  # the clock never moves: only a cached answer repeats
+    first = asyncio.run(_get(app, *[{}] * 5))
+    assert len(engine.calls) == 1
+    for response in first:
+        body = response.json()
+        assert response.status_code == 200 and body["fixes_active"] == {}
+        assert body["engine_error"] == "TimeoutError: rpc timed out" and body["engine_answer_age_s"] == 0.0
+    body = get(app).json()  # the engine recovered: the very next GET sees it
+    assert len(engine.calls) == 2 and body["engine_error"] is None
+    assert body["fixes_active"] == {"device_penalties": "worker-side"}
+
+
+def test_a_server_without_an_engine_says_so() -> None:
+    _, app = _serve(None, None)
+    body = get(app).json()
+    assert body["engine"] == [] and body["engine_error"] == plugin_status.NO_ENGINE
