@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from deploykit import net
+from deploykit import __version__, net
 from deploykit.fixes import FIX_NAMES as FIX_NAMES  # `--fix NAME=...` checks names against these
 from deploykit.fixes import load_fix
 from deploykit.fixes.base import Decision, DecisionInputs, FixDecision
@@ -17,7 +17,7 @@ from deploykit.fixes.penalties import effective_runner
 from deploykit.plugin import ENV_VAR as FIXES_ENV_VAR
 from deploykit.probe.facts import GpuFacts, ProbeFacts
 from deploykit.profile.schema import BUILTIN_PREFIX, FixMode, LoadedProfile, Profile, SecretRef
-from deploykit.vllm_compat import is_cpu_build
+from deploykit.vllm_compat import TESTED_VLLM, is_cpu_build, version_in_range
 
 # Flags the typed settings own; setting them again in extra_args would be ambiguous.
 _TYPED_FLAGS = {
@@ -74,7 +74,10 @@ class Plan(BaseModel):
         default_factory=dict, description="env name → the host variable its value is taken from at launch"
     )
     model_path: str
-    vllm_version: str | None
+    vllm_version: str | None = Field(
+        description="the vLLM the deployment targets: the profile's vllm_version, else the facts' "
+        "(see target_vllm_version); null when neither names one"
+    )
     platform: str
     model_runner: str
     warnings: list[str] = Field(default_factory=list)
@@ -188,9 +191,41 @@ def _gpu_problems(profile: Profile, gpu: GpuFacts) -> list[str]:
     return problems
 
 
+def target_vllm_version(profile: Profile, facts: ProbeFacts) -> str | None:
+    """The vLLM version a plan targets (`Plan.vllm_version`), the one fact every version-dependent
+    decision reads. First the profile's `vllm_version` (the vLLM the deployment runs, stated), else the
+    facts' `vllm_version`: what the probe found installed on the machine it ran on, which is the target
+    for `--facts FILE` (a `deploykit probe --save FILE` made there) and this machine for a live probe.
+    None when neither names one. The installed vLLM is never read here directly: only through a live
+    probe. (`validate_plan` is the exception: it checks the argv with the installed vLLM's parser.)"""
+    return profile.vllm_version or facts.vllm_version
+
+
+def untested_vllm_warning(version: str | None) -> str | None:
+    """A warning when the targeted vLLM is not one this deploykit is tested with (TESTED_VLLM), or when
+    the target's version is unknown or unreadable; None when it is in the range."""
+    verdict = version_in_range(version)
+    if verdict:
+        return None
+    tested = f"this deploykit {__version__} is tested with ({TESTED_VLLM})"
+    if verdict is False:
+        return (
+            f"vLLM {version} is outside the range {tested}; the fixes and launch flags are unproven "
+            "there: target a vLLM in the range (the profile's vllm_version, or --facts from a host "
+            "running one), or prove this deployment with `deploykit serve --check` on the target"
+        )
+    what = "unknown (no vllm_version in the profile or the facts)"
+    if version:
+        what = f"{version!r}, not a version deploykit can compare"
+    return (
+        f"the target vLLM version is {what}, so it cannot be checked against the range {tested}; "
+        "set the profile's vllm_version, or pass --facts from a `deploykit probe --save FILE` on the target"
+    )
+
+
 def decision_inputs(profile: Profile, facts: ProbeFacts, model_path: str) -> DecisionInputs:
     dtype, architectures = checkpoint_facts(profile, model_path)
-    version = profile.vllm_version or facts.vllm_version
+    version = target_vllm_version(profile, facts)
     platform = "cpu" if profile.platform == "cpu" or is_cpu_build(version) else "cuda"
     return DecisionInputs(
         gpus=facts.gpus,
@@ -345,7 +380,11 @@ def make_plan(
     mismatch = target_mismatch(profile, facts, inputs)
     if mismatch:
         errors.insert(0, mismatch)
-    warnings: list[str] = _disabled_but_called_for(profile, inputs, overrides or {}, decisions)
+    warnings: list[str] = []
+    untested = untested_vllm_warning(inputs.vllm_version)
+    if untested:
+        warnings.append(untested)
+    warnings += _disabled_but_called_for(profile, inputs, overrides or {}, decisions)
     exposure = unauthenticated_exposure(profile)
     if exposure:
         warnings.append(exposure)
@@ -407,3 +446,19 @@ def validate_plan(plan: Plan, cache_dir: Path | None = None) -> None:
         plan.validation = ArgvValidation(status="skipped", detail=f"argv not validated: {exc}")
         return
     plan.validation = ArgvValidation(status="ok", detail=verdict.describe())
+    mismatch = validated_elsewhere_warning(plan.vllm_version, verdict.vllm_version)
+    if mismatch:
+        plan.warnings.append(mismatch)
+
+
+def validated_elsewhere_warning(target: str | None, validated: str | None) -> str | None:
+    """The argv is checked with the installed vLLM's parser; say so when the plan targets another release
+    (local labels such as +cpu aside), since the chart's image runs the targeted one."""
+    from deploykit.vllm_compat import same_release
+
+    if not target or not validated or same_release(target, validated):
+        return None
+    return (
+        f"the argv was validated with the installed vLLM {validated}'s parser, not with the vLLM {target} "
+        "the plan targets: check it there (`deploykit plan` on a host running it)"
+    )

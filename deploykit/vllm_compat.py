@@ -6,6 +6,7 @@ Every fact here names where it came from in vLLM's source or history.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 
 def parse_version(text: str | None) -> tuple[int, int, int] | None:
@@ -45,3 +46,151 @@ def default_model_runner(vllm_version: str | None, platform: str) -> str:
     if parsed is None:
         return "v2"  # unknown target: assume the newest behaviour
     return "v2" if parsed >= V2_RUNNER_DEFAULT_SINCE else "v1"
+
+
+# --- the vLLM versions this release is tested with ----------------------------------------------------
+
+# The one statement of which vLLM versions this release of deploykit is tested with (a PEP 440 specifier).
+# "Tested" means this release's whole test suite passes against a vLLM in the range: the unit and CLI
+# tests, vLLM's own `vllm serve` parser checking every shipped profile's argv (tests/test_vllm_options.py),
+# and the end-to-end tests that start a real `vllm serve` with the fixes applied (tests/e2e). The suite
+# runs on vLLM's CPU build, 0.32.x. Other versions may well work (the fixes carry what is known of them
+# from vLLM's source and history, above), but nothing here has proven it: `deploykit plan` warns about a
+# target outside the range. Widen it only after the whole suite has passed on the new version.
+TESTED_VLLM = ">=0.32,<0.33"
+
+# PEP 440 versions (vLLM's own are `0.32.0`, `0.33.0rc1`, `0.32.0+cpu`, `0.32.1.dev3+g1a2b3c`), read here
+# rather than with `packaging`, which nothing on `deploykit plan`'s path imports (tests/test_vllm_compat.py
+# holds the two to the same verdicts).
+_PEP440 = re.compile(
+    r"""
+    ^\s*v?
+    (?:(?P<epoch>\d+)!)?
+    (?P<release>\d+(?:\.\d+)*)
+    (?:[-_.]?(?P<pre_l>alpha|beta|preview|pre|rc|a|b|c)[-_.]?(?P<pre_n>\d+)?)?
+    (?:-(?P<post_n1>\d+)|[-_.]?(?P<post_l>post|rev|r)[-_.]?(?P<post_n2>\d+)?)?
+    (?:[-_.]?(?P<dev_l>dev)[-_.]?(?P<dev_n>\d+)?)?
+    (?:\+(?P<local>[a-z0-9]+(?:[-_.][a-z0-9]+)*))?
+    \s*$
+    """,
+    re.VERBOSE | re.IGNORECASE,
+)
+_PRE_PHASE = {"a": 0, "alpha": 0, "b": 1, "beta": 1, "c": 2, "rc": 2, "pre": 2, "preview": 2}
+
+# Ordering key of a public version (PEP 440's order; the local label plays no part in a range check):
+# epoch, release without trailing zeros, pre-release, post-release, dev-release.
+_Key = tuple[int, tuple[int, ...], tuple[int, ...], int, tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class _Version:
+    epoch: int
+    release: tuple[int, ...]
+    pre: tuple[int, int] | None  # (phase: 0 a, 1 b, 2 rc; number)
+    post: int | None
+    dev: int | None
+
+    @property
+    def is_prerelease(self) -> bool:
+        return self.pre is not None or self.dev is not None
+
+    @property
+    def base(self) -> tuple[int, tuple[int, ...]]:
+        return self.epoch, _trimmed(self.release)
+
+    @property
+    def key(self) -> _Key:
+        if self.pre is None and self.post is None and self.dev is not None:
+            pre: tuple[int, ...] = (-1,)  # 1.0.dev1 sorts before 1.0a1
+        elif self.pre is None:
+            pre = (3,)  # a final (or post) release sorts after every pre-release
+        else:
+            pre = self.pre
+        post = -1 if self.post is None else self.post
+        dev = (1,) if self.dev is None else (0, self.dev)
+        return self.epoch, _trimmed(self.release), pre, post, dev
+
+
+def _trimmed(release: tuple[int, ...]) -> tuple[int, ...]:
+    end = len(release)
+    while end > 1 and release[end - 1] == 0:
+        end -= 1
+    return release[:end]
+
+
+def _parse_pep440(text: str) -> _Version | None:
+    match = _PEP440.match(text)
+    if match is None:
+        return None
+    parts = match.groupdict()
+    pre = None
+    if parts["pre_l"]:
+        pre = (_PRE_PHASE[parts["pre_l"].lower()], int(parts["pre_n"] or 0))
+    post = None
+    if parts["post_n1"] or parts["post_l"]:
+        post = int(parts["post_n1"] or parts["post_n2"] or 0)
+    return _Version(
+        epoch=int(parts["epoch"] or 0),
+        release=tuple(int(p) for p in parts["release"].split(".")),
+        pre=pre,
+        post=post,
+        dev=int(parts["dev_n"] or 0) if parts["dev_l"] else None,
+    )
+
+
+def _clause_matches(version: _Version, clause: str) -> bool:
+    """One `OP VERSION` clause of a specifier: PEP 440's ordered comparisons and `==` / `!=` (no `*`)."""
+    match = re.fullmatch(r"\s*(>=|<=|==|!=|>|<)\s*(\S+)\s*", clause)
+    bound = _parse_pep440(match.group(2)) if match else None
+    if match is None or bound is None or "+" in clause:
+        raise ValueError(f"unsupported version specifier clause {clause!r}")
+    op = match.group(1)
+    if op == ">=":
+        return version.key >= bound.key
+    if op == "<=":
+        return version.key <= bound.key
+    if op == "==":
+        return version.key == bound.key
+    if op == "!=":
+        return version.key != bound.key
+    same_base = version.base == bound.base
+    if op == "<":  # `<0.33` excludes 0.33's own pre-releases (0.33.0rc1, 0.33.0.dev2)
+        return version.key < bound.key and not (
+            same_base and version.is_prerelease and not bound.is_prerelease
+        )
+    # `>0.32` excludes 0.32's own post-releases
+    return version.key > bound.key and not (same_base and version.post is not None and bound.post is None)
+
+
+def version_in_range(version_text: str | None, specifier: str = TESTED_VLLM) -> bool | None:
+    """Whether a version lies in a PEP 440 range such as TESTED_VLLM; None when the version is unknown or
+    is not a PEP 440 version. The local label plays no part (`0.32.0+cpu` is in `>=0.32,<0.33`); a
+    pre-release is in a range like any version, except that `<0.33` excludes 0.33's own (`0.33.0rc1`)."""
+    if not version_text:
+        return None
+    version = _parse_pep440(version_text)
+    if version is None:
+        return None
+    return all(_clause_matches(version, clause) for clause in specifier.split(","))
+
+
+def vllm_image_tag(version: str) -> str:
+    """The tag of vLLM's official images (`vllm/vllm-openai:v0.33.0`) for a vLLM version: `0.33.0` →
+    `v0.33.0`, `0.32.0+cpu` → `v0.32.0` (a local label such as `+cpu` names the build, never a tag).
+
+    The tag names the release whatever the build; whether an image exists under it is the registry's
+    matter (dev builds and nightlies have none). ValueError when `version` is not a PEP 440 version.
+    """
+    if _parse_pep440(version) is None:
+        raise ValueError(f"not a vLLM version: {version!r}")
+    public = version.strip().split("+", 1)[0]
+    return "v" + public.lstrip("vV")
+
+
+def same_release(first: str, second: str) -> bool:
+    """`0.32.0+cpu` and `0.32.0` are one release (the local label names the build); unreadable versions
+    are compared as text."""
+    parsed = _parse_pep440(first), _parse_pep440(second)
+    if parsed[0] is None or parsed[1] is None:
+        return first == second
+    return vllm_image_tag(first) == vllm_image_tag(second)

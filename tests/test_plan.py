@@ -10,14 +10,18 @@ from pathlib import Path
 
 import pytest
 
+from deploykit import __version__
 from deploykit.fixes.base import Decision
 from deploykit.plan import Plan, make_plan, validate_plan
 from deploykit.probe.facts import ProbeFacts
 from deploykit.profile.load import load_profile, parse_profile
 from deploykit.profile.schema import FixMode, LoadedProfile
+from deploykit.vllm_compat import TESTED_VLLM
 
 REPO = Path(__file__).resolve().parents[1]
 FACTS_DIR = REPO / "tests" / "fixtures" / "facts"
+TESTED_IN = f"this deploykit {__version__} is tested with ({TESTED_VLLM})"
+UNPROVEN = "the fixes and launch flags are unproven there"
 
 
 def facts(gpu: str, vllm_version: str = "0.33.0") -> ProbeFacts:
@@ -222,7 +226,10 @@ def test_cli_profiles_list_judges_each_profile() -> None:
     assert rows["gemma4-turing"]["status"] in ("compatible", "compatible_with_warnings")
     assert rows["gemma4-turing"]["enabled_fixes"] == ["fp32_projection"]
     assert rows["qwen-lora-hopper"]["status"] == "incompatible"
-    assert rows["demo-cpu"]["status"] == "compatible"
+    # t4.json's vLLM 0.33.0 is outside the tested range: a warning, the only one the CPU demo gets
+    assert rows["demo-cpu"]["status"] == "compatible_with_warnings"
+    [reason] = rows["demo-cpu"]["reasons"]
+    assert reason.startswith(f"vLLM 0.33.0 is outside the range {TESTED_IN}; {UNPROVEN}")
 
 
 def test_matmul_lora_on_the_cpu_build_and_refused_with_fully_sharded_loras(tmp_path: Path) -> None:
@@ -245,3 +252,93 @@ def test_gpus_in_the_facts_with_a_cpu_build_of_vllm_warn_that_they_go_unused() -
     plan = make_plan(load_profile("demo-cpu"), facts("t4", vllm_version="0.32.0+cpu"))
     assert any("GPUs would go unused" in w for w in plan.warnings)
     assert not any("unused" in w for w in make_plan(load_profile("demo-cpu"), facts("t4")).warnings)
+
+
+def version_warnings(plan: Plan) -> list[str]:
+    """The plan's warnings about the vLLM version it targets (outside the tested range, or unknown)."""
+    return [w for w in plan.warnings if TESTED_IN in w]
+
+
+@pytest.mark.parametrize(
+    ("profile", "gpu", "vllm_version", "inside"),
+    [
+        ("gemma4-turing", "t4", "0.32.0", True),
+        ("gemma4-turing", "t4", "0.32.7", True),
+        ("demo-cpu", "no-gpu", "0.32.0+cpu", True),  # the CPU build this suite runs: +cpu is no matter
+        ("gemma4-turing", "t4", "0.31.4", False),  # below
+        ("gemma4-turing", "t4", "0.33.0", False),  # above: 0.33 is not proven yet
+        ("gemma4-turing", "t4", "0.33.0rc1", False),  # a release candidate of 0.33 is not 0.32
+        ("demo-cpu", "no-gpu", "0.33.0+cpu", False),
+    ],
+)
+def test_plan_warns_when_the_target_vllm_is_outside_the_tested_range(
+    profile: str, gpu: str, vllm_version: str, inside: bool
+) -> None:
+    plan = make_plan(load_profile(profile), facts(gpu, vllm_version))
+    assert plan.vllm_version == vllm_version
+    if inside:
+        assert version_warnings(plan) == []
+    else:
+        [warning] = version_warnings(plan)
+        assert warning.startswith(f"vLLM {vllm_version} is outside the range {TESTED_IN}; {UNPROVEN}")
+    assert not any(TESTED_IN in e for e in plan.errors)  # a warning, never an error
+
+
+def test_the_profiles_vllm_version_is_the_target_before_the_facts(tmp_path: Path) -> None:
+    loaded = load_profile("demo-cpu")
+    pinned = LoadedProfile(
+        loaded.profile.model_copy(update={"vllm_version": "0.32.1+cpu"}), tmp_path / "p.yaml"
+    )
+    plan = make_plan(pinned, facts("no-gpu", "0.33.0+cpu"))
+    assert plan.vllm_version == "0.32.1+cpu" and version_warnings(plan) == []
+    outside = LoadedProfile(loaded.profile.model_copy(update={"vllm_version": "0.34.0"}), tmp_path / "p.yaml")
+    plan = make_plan(outside, facts("no-gpu", "0.32.0+cpu"))
+    assert [w[: w.index(";")] for w in version_warnings(plan)] == [
+        f"vLLM 0.34.0 is outside the range {TESTED_IN}"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("vllm_version", "said"),
+    [(None, "unknown (no vllm_version in the profile or the facts)"), ("main", "'main', not a version")],
+)
+def test_an_unknown_target_vllm_version_is_one_warning(vllm_version: str | None, said: str) -> None:
+    plan = make_plan(load_profile("demo-cpu"), ProbeFacts(vllm_version=vllm_version))
+    assert plan.vllm_version == vllm_version and plan.errors == []
+    [warning] = version_warnings(plan)
+    assert warning.startswith(f"the target vLLM version is {said}")
+    assert "set the profile's vllm_version" in warning
+    assert [w for w in plan.warnings if "vLLM" in w and "version" in w] == [warning]  # said once
+
+
+def test_cli_plan_warns_about_an_untested_vllm_in_json_and_text() -> None:
+    """Through the real command: t4.json names vLLM 0.33.0, outside the range; a warning, so exit 0."""
+    t4 = str(FACTS_DIR / "t4.json")
+    as_json = _deploykit("plan", "-p", "gemma4-turing", "--facts", t4, "--no-validate", "-f", "json")
+    assert as_json.returncode == 0, as_json.stderr
+    data = json.loads(as_json.stdout)
+    assert data["vllm_version"] == "0.33.0"
+    expected = f"vLLM 0.33.0 is outside the range {TESTED_IN}; {UNPROVEN}"
+    assert [w for w in data["warnings"] if w.startswith(expected)] == [data["warnings"][0]]
+    as_text = _deploykit("plan", "-p", "gemma4-turing", "--facts", t4, "--no-validate")
+    assert as_text.returncode == 0, as_text.stderr
+    assert f"warning: {data['warnings'][0]}" in as_text.stdout.splitlines()  # one whole line
+    as_shell = _deploykit("plan", "-p", "gemma4-turing", "--facts", t4, "--no-validate", "-f", "shell")
+    assert as_shell.returncode == 0, as_shell.stderr
+    assert f"deploykit plan: warning: {data['warnings'][0]}" in as_shell.stderr.splitlines()
+    assert "warning" not in as_shell.stdout  # stdout stays a runnable script
+    inside = str(FACTS_DIR / "no-gpu.json")  # vLLM 0.32.0+cpu
+    quiet = _deploykit("plan", "-p", "demo-cpu", "--facts", inside, "--no-validate", "-f", "json")
+    assert quiet.returncode == 0, quiet.stderr
+    assert not any(TESTED_IN in w for w in json.loads(quiet.stdout)["warnings"])
+
+
+def test_a_plan_validated_with_another_release_says_so() -> None:
+    """The argv is checked with the installed vLLM's parser: a plan for a host running another release is
+    told so; the CPU build of the same release is the same release."""
+    from deploykit.plan import validated_elsewhere_warning
+
+    warning = validated_elsewhere_warning("0.33.0", "0.32.0+cpu")
+    assert warning is not None and "installed vLLM 0.32.0+cpu's parser, not with the vLLM 0.33.0" in warning
+    assert validated_elsewhere_warning("0.32.0", "0.32.0+cpu") is None
+    assert validated_elsewhere_warning(None, "0.32.0+cpu") is None

@@ -48,6 +48,8 @@ def plan(
     if format is PlanFormat.json:
         typer.echo(result.model_dump_json(indent=2))  # `errors` says it must not run; exit code 2 too
     elif format is PlanFormat.shell:
+        for warning in result.warnings:  # stdout stays a runnable script
+            typer.echo(f"deploykit plan: warning: {warning}", err=True)
         if not result.errors:  # a plan with errors prints no runnable command
             from deploykit import __version__
 

@@ -1,0 +1,121 @@
+"""What deploykit knows about vLLM versions: the tested range, PEP 440 ranges read without `packaging`, and
+the official image tag of a version."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from deploykit.vllm_compat import TESTED_VLLM, same_release, version_in_range, vllm_image_tag
+
+# vLLM's own version shapes (release, CPU build, rc, dev build from a checkout, post release) and PEP 440's
+# corners (leading v, epochs, alternative spellings, trailing zeros, pre/post/dev of a range's bounds).
+VERSIONS = [
+    "0.31.0",
+    "0.31.9",
+    "0.31.99+cpu",
+    "0.32",
+    "0.32.0",
+    "0.32.0.0",
+    "v0.32.0",
+    "0.32.0+cpu",
+    "0.32.0rc1",
+    "0.32.0.dev4",
+    "0.32.0.post1",
+    "0.32.1",
+    "0.32.1.dev3+g1a2b3c.d20260101.cpu",
+    "0.32.2rc1",
+    "0.32.99",
+    "0.33",
+    "0.33.0",
+    "0.33.0+cpu",
+    "0.33.0a1",
+    "0.33.0b2",
+    "0.33.0rc1",
+    "0.33.0-rc.1",
+    "0.33.0.dev1",
+    "0.33.0rc1.dev2",
+    "0.33.0.post1",
+    "0.33.1",
+    "1.0.0",
+    "1!0.32.0",
+]
+SPECIFIERS = [TESTED_VLLM, ">=0.32.0,<=0.33", ">0.32,<0.33.0rc2", "==0.32", "!=0.32.0,>=0.31", ">0.32.0"]
+
+
+@pytest.mark.parametrize(
+    ("version", "inside"),
+    [
+        ("0.32.0", True),
+        ("0.32.5", True),
+        ("0.32.0+cpu", True),  # the CPU build this suite runs: a local label is not part of the range
+        ("0.32.1.dev3+g1a2b3c", True),  # a build between 0.32 releases
+        ("0.31.2", False),  # below
+        ("0.32.0rc1", False),  # a pre-release of 0.32 comes before 0.32
+        ("0.33.0", False),  # above
+        ("0.33.0rc1", False),  # `<0.33` excludes 0.33's own pre-releases
+        ("0.33.0.dev1+cpu", False),
+        ("1.0.0", False),
+    ],
+)
+def test_the_tested_range(version: str, inside: bool) -> None:
+    assert TESTED_VLLM == ">=0.32,<0.33"
+    assert version_in_range(version) is inside
+
+
+@pytest.mark.parametrize("version", [None, "", "main", "latest", "0.32.x", "cpu"])
+def test_an_unknown_or_unreadable_version_is_neither_inside_nor_outside(version: str | None) -> None:
+    assert version_in_range(version) is None
+
+
+@pytest.mark.parametrize("specifier", SPECIFIERS)
+def test_ranges_are_read_as_packaging_reads_them(specifier: str) -> None:
+    """The reader here (nothing on `plan`'s path imports `packaging`) agrees with `packaging`, the reference
+    implementation of PEP 440, on every version above, pre-releases included."""
+    specifiers = pytest.importorskip("packaging.specifiers")
+    reference = specifiers.SpecifierSet(specifier)
+    for version in VERSIONS:
+        assert version_in_range(version, specifier) is reference.contains(version, prereleases=True), version
+
+
+def test_a_specifier_this_reader_cannot_read_is_refused() -> None:
+    with pytest.raises(ValueError, match="unsupported"):
+        version_in_range("0.32.0", "~=0.32")
+
+
+@pytest.mark.parametrize(
+    ("version", "tag"),
+    [
+        ("0.33.0", "v0.33.0"),
+        ("0.32.0+cpu", "v0.32.0"),  # a local label names the build, never an image tag
+        ("0.33.0rc1", "v0.33.0rc1"),
+        ("0.32.1.dev3+g1a2b3c.cpu", "v0.32.1.dev3"),
+        ("v0.33.0", "v0.33.0"),
+        (" 0.33.0\n", "v0.33.0"),
+    ],
+)
+def test_vllm_image_tag(version: str, tag: str) -> None:
+    assert vllm_image_tag(version) == tag
+    assert re.fullmatch(r"[\w][\w.-]{0,127}", tag)  # a valid OCI image tag
+
+
+@pytest.mark.parametrize("version", ["", "latest", "main"])
+def test_vllm_image_tag_refuses_what_is_not_a_version(version: str) -> None:
+    with pytest.raises(ValueError, match="not a vLLM version"):
+        vllm_image_tag(version)
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "same"),
+    [
+        ("0.32.0+cpu", "0.32.0", True),  # the CPU build of a release is that release
+        ("0.32.0", "0.32.0", True),
+        ("0.32.0+cpu", "0.33.0", False),
+        ("0.33.0rc1", "0.33.0", False),
+        ("main", "main", True),  # unreadable: compared as text
+        ("main", "0.32.0", False),
+    ],
+)
+def test_same_release(first: str, second: str, same: bool) -> None:
+    assert same_release(first, second) is same
