@@ -29,6 +29,28 @@ class DeploykitError(Exception):
         return []
 
 
+class MissingPackageError(DeploykitError):
+    """A command needs a Python package that is not installed. Every package deploykit depends on is there
+    after a `pip install`, but its sidecars (`deploykit smoke` and `deploykit canary` in a Helm chart) run
+    inside the vLLM image with only the packages vLLM brought: no SQLAlchemy, platformdirs or nvidia-ml-py.
+    Such a package is imported only where it is really needed, and its absence is this one line."""
+
+    def __init__(self, package: str, needed_for: str, way_out: str = "", pip_name: str | None = None) -> None:
+        super().__init__(missing_package_message(package, needed_for, way_out, pip_name))
+        self.package = package
+
+
+def missing_package_message(
+    package: str, needed_for: str, way_out: str = "", pip_name: str | None = None
+) -> str:
+    """`NEEDED_FOR needs the Python package PACKAGE, which is not installed: pip install ..., or WAY_OUT`."""
+    message = (
+        f"{needed_for} needs the Python package {package}, which is not installed: "
+        f"pip install {pip_name or package}"
+    )
+    return message + (f", or {way_out}" if way_out else "")
+
+
 class UsageError(DeploykitError):
     """The command line asks for something that cannot be done."""
 

@@ -6,12 +6,18 @@ copies them into every wheel); an installed deploykit reads them through `import
 install mode (venv, `--user`, `--target`), and a source checkout or editable install, which has no
 `_data/`, reads the repository's own folders. platformdirs and importlib.resources are imported inside the
 functions, so importing this module costs nothing.
+
+platformdirs is needed only when a user directory is, with no environment variable naming it. The vLLM image,
+where `deploykit smoke` and `canary` run as sidecars, has no platformdirs: there a MissingPackageError names
+it, with the variable (or option) that stands in for it.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+from deploykit.errors import MissingPackageError
 
 APP_NAME = "deploykit"
 PROFILE_DIR_ENV_VAR = "DEPLOYKIT_PROFILE_DIR"
@@ -27,12 +33,17 @@ SHIPPED_DATA = ("profiles", "templates")
 # --- user directories -------------------------------------------------------------------------------
 
 
-def _user_dir(kind: str, env_var: str | None = None, below: str = "") -> Path:
-    """`env_var` when set, else platformdirs' user directory of that kind (config, cache, log, data)."""
+def _user_dir(kind: str, env_var: str | None, below: str, *, what: str, instead: str = "") -> Path:
+    """`env_var` when set, else `below` in platformdirs' user directory of that kind (config, cache, log,
+    data). `what` names the directory and `instead` what else to do when platformdirs is not installed."""
     configured = os.environ.get(env_var) if env_var else None
     if configured:
         return Path(configured)
-    import platformdirs
+    try:
+        import platformdirs
+    except ImportError:
+        way_out = " or ".join(part for part in (f"set ${env_var}" if env_var else "", instead) if part)
+        raise MissingPackageError("platformdirs", what, way_out) from None
 
     finder = {
         "config": platformdirs.user_config_dir,
@@ -45,28 +56,44 @@ def _user_dir(kind: str, env_var: str | None = None, below: str = "") -> Path:
 
 def user_profile_dir() -> Path:
     """DEPLOYKIT_PROFILE_DIR, else profiles/ in the user's config directory."""
-    return _user_dir("config", PROFILE_DIR_ENV_VAR, "profiles")
+    return _user_dir(
+        "config",
+        PROFILE_DIR_ENV_VAR,
+        "profiles",
+        what="looking up a profile by name in the user profile directory",
+        instead="give the profile's path",
+    )
 
 
 def default_cache_dir() -> Path:
     """Where built tiny models are cached: DEPLOYKIT_MODEL_CACHE, else models/ in the user cache directory."""
-    return _user_dir("cache", MODEL_CACHE_ENV_VAR, "models")
+    return _user_dir("cache", MODEL_CACHE_ENV_VAR, "models", what="the builtin model's cache directory")
 
 
 def vllm_options_cache_dir() -> Path:
     """Where the option table of each installed vLLM version is cached (deploykit.vllm_options):
     vllm-options/ below DEPLOYKIT_CACHE_DIR, else below the user cache directory."""
-    return _user_dir("cache", CACHE_DIR_ENV_VAR) / "vllm-options"
+    return _user_dir("cache", CACHE_DIR_ENV_VAR, "", what="the vLLM option-table cache") / "vllm-options"
 
 
 def default_log_dir() -> Path:
     """Where `deploykit serve` writes vLLM's log unless told otherwise."""
-    return _user_dir("log")
+    return _user_dir("log", None, "", what="the default log directory", instead="pass --log-dir")
 
 
 def default_store_url() -> str:
     """DEPLOYKIT_STORE when set, else SQLite in the user's data directory."""
-    return os.environ.get(STORE_ENV_VAR) or f"sqlite:///{_user_dir('data') / 'results.sqlite'}"
+    configured = os.environ.get(STORE_ENV_VAR)
+    if configured:
+        return configured
+    data = _user_dir(
+        "data",
+        None,
+        "",
+        what="the default results store (SQLite in the user data directory)",
+        instead=f"set ${STORE_ENV_VAR} or pass --store sqlite:///PATH",
+    )
+    return f"sqlite:///{data / 'results.sqlite'}"
 
 
 # --- shipped data -----------------------------------------------------------------------------------

@@ -5,24 +5,31 @@ SQLite in the user's data directory by default (WAL, so a reader never blocks a 
 URL when a team shares one store. The schema is versioned: `schema_migrations` lists the migrations
 applied, and opening a store applies the missing ones under a lock, so two processes opening a fresh
 store at once cannot both migrate it.
+
+SQLAlchemy is imported only to open a store, never to import this module: `deploykit smoke --no-store` and
+`deploykit canary --no-store` build `ResultRecord`s (the canary keeps its rows in memory) inside the vLLM
+image, which has no SQLAlchemy. Storing there ends in one `StoreError` naming the package.
 """
 
 from __future__ import annotations
 
+import functools
 import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
-import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict, Field
 
 from deploykit import errors
 from deploykit.paths import STORE_ENV_VAR, create_private_file, default_store_url, make_private_dirs
 from deploykit.smoke import CaseResult
+
+if TYPE_CHECKING:
+    import sqlalchemy as sa
 
 # Any constant works; it names "deploykit migrations" among the database's advisory locks.
 _PG_MIGRATION_LOCK = 0x6465706C6F79
@@ -69,6 +76,18 @@ class StoreError(errors.StoreError, RuntimeError):
 
 SUPPORTED = "SQLite (sqlite:///PATH, or a bare file path) or PostgreSQL (postgresql://USER@HOST/DB)"
 POSTGRES_EXTRA = "pip install 'vllm-deploykit[postgres]'"
+NO_STORE = "(smoke, canary) pass --no-store"
+
+
+def require_sqlalchemy() -> None:
+    """Every way into a store starts here: without SQLAlchemy (the vLLM image has none), a StoreError that
+    names it, not an ImportError from deep inside."""
+    try:
+        import sqlalchemy  # noqa: F401
+    except ImportError:
+        raise StoreError(
+            errors.missing_package_message("sqlalchemy", "the results store", NO_STORE)
+        ) from None
 
 
 def normalise_url(url: str) -> str:
@@ -81,6 +100,9 @@ def normalise_url(url: str) -> str:
 
 
 def _parse_url(url: str) -> sa.URL:
+    require_sqlalchemy()
+    import sqlalchemy as sa
+
     try:
         return sa.engine.make_url(normalise_url(url))
     except (sa.exc.ArgumentError, ValueError) as exc:
@@ -90,10 +112,28 @@ def _parse_url(url: str) -> sa.URL:
 def display_url(url: str) -> str:
     """The URL as given, with its password hidden, for messages and the terminal."""
     try:
+        import sqlalchemy as sa
+    except ImportError:
+        return _display_url_without_sqlalchemy(url)
+    try:
         given = url if "://" in url else normalise_url(url)
         return sa.engine.make_url(given).render_as_string(hide_password=True)
     except (sa.exc.ArgumentError, ValueError):
         return repr(url)
+
+
+def _display_url_without_sqlalchemy(url: str) -> str:
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return repr(url)
+    if not password:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return parts._replace(netloc=f"{parts.username or ''}:***@{host}").geturl()
 
 
 def _one_line(error: BaseException | None) -> str:
@@ -104,6 +144,8 @@ def _one_line(error: BaseException | None) -> str:
 @contextmanager
 def store_errors(url: str, doing: str) -> Iterator[None]:
     """SQLAlchemy and driver errors while `doing` something with the store at `url`, as one StoreError."""
+    import sqlalchemy as sa
+
     try:
         yield
     except StoreError:
@@ -122,6 +164,8 @@ def store_errors(url: str, doing: str) -> Iterator[None]:
 
 def _results_table(metadata: sa.MetaData, *, schema_version: int | None = None) -> sa.Table:
     """The results table as of `schema_version` (default: the newest); migrations build on older shapes."""
+    import sqlalchemy as sa
+
     added_later = [sa.Column("fixes_active", sa.JSON)]  # migration 3
     return sa.Table(
         "results",
@@ -147,15 +191,39 @@ def _results_table(metadata: sa.MetaData, *, schema_version: int | None = None) 
     )
 
 
-_METADATA = sa.MetaData()
-RESULTS = _results_table(_METADATA)
-MIGRATIONS_TABLE = sa.Table(
-    "schema_migrations",
-    _METADATA,
-    sa.Column("version", sa.Integer, primary_key=True, autoincrement=False),
-    sa.Column("description", sa.String(200), nullable=False),
-    sa.Column("applied_at", sa.DateTime(timezone=True), nullable=False),
-)
+class _Tables(NamedTuple):
+    results: sa.Table
+    migrations: sa.Table
+
+
+@functools.cache
+def _tables() -> _Tables:
+    """The newest schema's tables, built on first use (building them needs SQLAlchemy)."""
+    import sqlalchemy as sa
+
+    metadata = sa.MetaData()
+    migrations = sa.Table(
+        "schema_migrations",
+        metadata,
+        sa.Column("version", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("description", sa.String(200), nullable=False),
+        sa.Column("applied_at", sa.DateTime(timezone=True), nullable=False),
+    )
+    return _Tables(results=_results_table(metadata), migrations=migrations)
+
+
+if TYPE_CHECKING:
+    RESULTS: sa.Table
+    MIGRATIONS_TABLE: sa.Table
+else:
+
+    def __getattr__(name: str) -> Any:
+        """`RESULTS` and `MIGRATIONS_TABLE`, the newest schema's tables, built on first access."""
+        if name == "RESULTS":
+            return _tables().results
+        if name == "MIGRATIONS_TABLE":
+            return _tables().migrations
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -166,10 +234,14 @@ class Migration:
 
 
 def _create_results(conn: sa.Connection) -> None:
+    import sqlalchemy as sa
+
     _results_table(sa.MetaData(), schema_version=1).create(conn)
 
 
 def _index_for_listing(conn: sa.Connection) -> None:
+    import sqlalchemy as sa
+
     table = _results_table(sa.MetaData(), schema_version=1)
     sa.Index("ix_results_created_at", table.c.created_at).create(conn)
     sa.Index("ix_results_profile", table.c.profile_name, table.c.profile_id).create(conn)
@@ -177,6 +249,8 @@ def _index_for_listing(conn: sa.Connection) -> None:
 
 def _add_fixes_active(conn: sa.Connection) -> None:
     """Rows stored before it have NULL: the server was not asked which fixes were active."""
+    import sqlalchemy as sa
+
     column_type = sa.JSON().compile(dialect=conn.dialect)
     conn.exec_driver_sql(f"ALTER TABLE results ADD COLUMN fixes_active {column_type}")
 
@@ -198,6 +272,8 @@ def _create_owner_only(database: str) -> None:
 
 
 def _sqlite_engine(url: sa.URL, given: str) -> sa.Engine:
+    import sqlalchemy as sa
+
     if url.database and url.database != ":memory:":
         try:
             _create_owner_only(url.database)
@@ -226,7 +302,9 @@ def _sqlite_engine(url: sa.URL, given: str) -> sa.Engine:
 
 
 def create_store_engine(url: str) -> sa.Engine:
-    parsed = _parse_url(url)
+    parsed = _parse_url(url)  # a StoreError naming SQLAlchemy when it is not installed
+    import sqlalchemy as sa
+
     backend = parsed.get_backend_name()
     if backend == "sqlite":
         return _sqlite_engine(parsed, url)
@@ -261,11 +339,14 @@ class Store:
 
     def migrate(self, up_to: int | None = None) -> list[int]:
         """Apply the missing migrations (all, or up to `up_to`); returns the versions applied now."""
+        import sqlalchemy as sa
+
+        migrations_table = _tables().migrations
         applied: list[int] = []
         with self.engine.begin() as conn:
             if conn.dialect.name == "postgresql":
                 conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_PG_MIGRATION_LOCK)))
-            MIGRATIONS_TABLE.create(conn, checkfirst=True)
+            migrations_table.create(conn, checkfirst=True)
             current = _applied_version(conn)
             if current > SCHEMA_VERSION:
                 raise StoreError(
@@ -277,7 +358,7 @@ class Store:
                     continue
                 migration.apply(conn)
                 conn.execute(
-                    sa.insert(MIGRATIONS_TABLE).values(
+                    sa.insert(migrations_table).values(
                         version=migration.version,
                         description=migration.description,
                         applied_at=datetime.now(UTC),
@@ -288,34 +369,48 @@ class Store:
 
     def add(self, record: ResultRecord) -> int:
         """Insert one attempt; returns its id."""
+        import sqlalchemy as sa
+
+        results = _tables().results
         row = record.model_dump(mode="json", exclude={"id"})
         row["created_at"] = record.created_at
         with store_errors(self.url, "write to"), self.engine.begin() as conn:
-            result = conn.execute(sa.insert(RESULTS).values(**row).returning(RESULTS.c.id))
+            result = conn.execute(sa.insert(results).values(**row).returning(results.c.id))
             return int(result.scalar_one())
 
     def get(self, result_id: int) -> ResultRecord | None:
+        import sqlalchemy as sa
+
+        results = _tables().results
         with store_errors(self.url, "read"), self.engine.connect() as conn:
-            row = conn.execute(sa.select(RESULTS).where(RESULTS.c.id == result_id)).mappings().first()
+            row = conn.execute(sa.select(results).where(results.c.id == result_id)).mappings().first()
         return None if row is None else _record(row)
 
     def recent(self, limit: int = 20, profile: str | None = None) -> list[ResultRecord]:
         """The newest attempts first."""
-        query = sa.select(RESULTS).order_by(RESULTS.c.id.desc()).limit(limit)
+        import sqlalchemy as sa
+
+        results = _tables().results
+        query = sa.select(results).order_by(results.c.id.desc()).limit(limit)
         if profile is not None:
-            query = query.where(RESULTS.c.profile_name == profile)
+            query = query.where(results.c.profile_name == profile)
         with store_errors(self.url, "read"), self.engine.connect() as conn:
             return [_record(row) for row in conn.execute(query).mappings()]
 
     def count(self) -> int:
+        import sqlalchemy as sa
+
         with self.engine.connect() as conn:
-            return int(conn.execute(sa.select(sa.func.count()).select_from(RESULTS)).scalar_one())
+            return int(conn.execute(sa.select(sa.func.count()).select_from(_tables().results)).scalar_one())
 
 
 def _applied_version(conn: sa.Connection) -> int:
-    if not sa.inspect(conn).has_table(MIGRATIONS_TABLE.name):
+    import sqlalchemy as sa
+
+    migrations_table = _tables().migrations
+    if not sa.inspect(conn).has_table(migrations_table.name):
         return 0
-    value = conn.execute(sa.select(sa.func.max(MIGRATIONS_TABLE.c.version))).scalar()
+    value = conn.execute(sa.select(sa.func.max(migrations_table.c.version))).scalar()
     return int(value or 0)
 
 
@@ -332,7 +427,11 @@ def _record(row: sa.RowMapping) -> ResultRecord:
 
 def open_store(url: str | None = None, *, migrate: bool = True) -> Store:
     """Open (creating when needed) the store at `url`, default `default_store_url()`."""
-    chosen = url or default_store_url()
+    require_sqlalchemy()
+    try:
+        chosen = url or default_store_url()
+    except errors.MissingPackageError as exc:  # no platformdirs: where the default store goes is unknown
+        raise StoreError(f"{exc.message}, or {NO_STORE}") from None
     store = Store(create_store_engine(chosen), chosen)
     if migrate:
         try:

@@ -54,7 +54,7 @@ def target_install(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp_path = tmp_path_factory.mktemp("packaging")
     source = _source_copy(tmp_path)
     _pip("wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(tmp_path / "dist"), ".", cwd=source)
-    (wheel,) = (tmp_path / "dist").glob("deploykit-*.whl")
+    (wheel,) = (tmp_path / "dist").glob("vllm_deploykit-*.whl")
     target = tmp_path / "target"
     _pip("install", "--no-deps", "--target", str(target), str(wheel), cwd=tmp_path)
     return target
@@ -111,7 +111,7 @@ def test_the_sdist_carries_the_shipped_data(tmp_path: Path) -> None:
         timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    (sdist,) = (tmp_path / "dist").glob("deploykit-*.tar.gz")
+    (sdist,) = (tmp_path / "dist").glob("vllm_deploykit-*.tar.gz")
     with tarfile.open(sdist) as archive:
         names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
     assert {f"profiles/{name}.yaml" for name in SHIPPED_PROFILES} <= names

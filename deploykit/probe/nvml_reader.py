@@ -15,10 +15,13 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from deploykit.errors import MissingPackageError
 from deploykit.installed import installed_version, installed_vllm_version
 from deploykit.probe.gpu_table import bf16_native, family_from_nvml, fp8_native, is_hopper
 
 FACTS_SCHEMA_VERSION = 1
+# The distribution that provides the `pynvml` module: a dependency of deploykit, absent from the vLLM image.
+NVML_PACKAGE = "nvidia-ml-py"
 
 # NVML return codes (nvml.h nvmlReturn_t; the same numbers as pynvml's NVML_ERROR_*).
 _NOT_SUPPORTED = 3
@@ -49,6 +52,17 @@ def _nvml_module() -> ModuleType:
 
     module: ModuleType = pynvml
     return module
+
+
+def require_nvml(needed_for: str, way_out: str = "") -> None:
+    """Before a live probe whose result matters: without the pynvml module, a MissingPackageError naming
+    nvidia-ml-py (`read_probe_document` would answer "no GPU" with the reason in its `error`)."""
+    try:
+        _nvml_module()
+    except ImportError:
+        raise MissingPackageError(
+            f"{NVML_PACKAGE} (module pynvml)", needed_for, way_out, NVML_PACKAGE
+        ) from None
 
 
 def _describe(exc: Exception) -> str:
@@ -167,8 +181,10 @@ def read_probe_document(
     }
     try:
         nvml = nvml if nvml is not None else _nvml_module()
-    except ImportError as exc:  # nvidia-ml-py is a core dependency; this is a broken install
-        document["error"] = f"the pynvml module is missing ({exc}); reinstall deploykit"
+    except ImportError as exc:  # a dependency of deploykit, but the vLLM image (sidecars) lacks it
+        document["error"] = (
+            f"the pynvml module is missing ({exc}): pip install {NVML_PACKAGE}, or reinstall deploykit"
+        )
         return document
     try:
         nvml.nvmlInit()

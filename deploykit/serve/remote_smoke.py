@@ -1,4 +1,10 @@
-"""`deploykit smoke`: the smoke cases against a server that is already running (local or remote)."""
+"""`deploykit smoke`: the smoke cases against a server that is already running (local or remote).
+
+It also runs as the Helm chart's test pod inside the vLLM image, with only the packages vLLM brought: with
+--no-store and --expect-fixes it needs neither SQLAlchemy (the store), platformdirs (the default store's
+directory) nor nvidia-ml-py (a probe of this machine, for the planned fixes); each is imported only on the
+path that uses it, and a path that needs a missing one ends in a `deploykit: ...` line naming it.
+"""
 
 from __future__ import annotations
 
@@ -46,6 +52,13 @@ def planned_fixes(loaded: LoadedProfile, facts_file: str | None) -> list[str]:
     from deploykit.plan import make_plan
     from deploykit.probe.load import ProbeError, load_facts, probe
 
+    if facts_file is None and loaded.profile.platform != "cpu":
+        from deploykit.probe.nvml_reader import require_nvml
+
+        require_nvml(
+            "planning the fixes to expect on the server (a probe of this machine's GPUs)",
+            "pass --expect-fixes NAME[,NAME] (or none), or --facts FILE",
+        )
     try:
         facts = load_facts(facts_file) if facts_file else probe()
     except ProbeError as exc:
@@ -135,6 +148,10 @@ def run_remote_smoke(options: SmokeOptions, ui: ConsoleUI | None = None) -> int:
         record.timings.update({f"case_{c.name}_s": c.latency_s for c in report.cases})
     except ServeFailure as exc:
         record.stage, record.diagnosis = exc.stage, str(exc)
+    except BaseException:  # a DeploykitError (a missing package, say) is the CLI's one line; no row
+        if store is not None:
+            store.close()
+        raise
     record.timings["total_s"] = round(time.monotonic() - started, 4)
     record.diagnosis = redact(record.diagnosis, secrets)
     if store is not None:
