@@ -53,6 +53,16 @@ def canary(
             "a corrupt or unreachable verdict is dropped and the canary starts afresh.",
         ),
     ] = True,
+    verdict_file: Annotated[
+        str | None,
+        typer.Option(
+            "--verdict-file",
+            metavar="PATH",
+            help="Write the current verdict there as JSON (status, diagnosis, written_at, pid), atomically, "
+            "at start, after every run and on a server restart: for the vLLM container's exec probes "
+            "(python3 -m deploykit.render.pod_probe). A failed write is a warning, never a stop.",
+        ),
+    ] = None,
 ) -> None:
     """Send a rotation of cheap smoke cases every S seconds; /healthz turns 503 once the output is wrong.
 
@@ -73,12 +83,16 @@ def canary(
         miss_limit=miss_limit,
         exit_on_corruption=exit_on_corruption,
         watch_restarts=watch_restarts,
+        verdict_file=verdict_file,
     )
 
     def say(line: str) -> None:
         typer.echo(line)
 
-    raise typer.Exit(run_canary(options, say))
+    def warn(line: str) -> None:
+        typer.echo(line, err=True)
+
+    raise typer.Exit(run_canary(options, say, warn))
 
 
 def register(app: typer.Typer) -> None:

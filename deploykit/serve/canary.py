@@ -9,6 +9,10 @@ long_then_short, prefix_cache, batch, ...) and judges the answers with the smoke
   After a wrong answer it turns 200 again only once a whole rotation has passed in a row.
 - `GET /metrics`: Prometheus text (`deploykit_canary_*`).
 
+With a verdict file (`--verdict-file`), it also writes its state there as JSON after every evaluation
+(at start, after every run, on a server restart), atomically: the pod's exec probes
+(`deploykit.render.pod_probe`) read it from a shared volume instead of depending on the canary's port.
+
 It stores one row when its state changes (the first verdict included) and an hourly heartbeat, never a
 row per run. `CanaryState` is the pure state machine; `Canary` adds the requests, metrics and rows;
 `serve_http()` is the standard-library listener.
@@ -16,6 +20,11 @@ row per run. `CanaryState` is the pure state machine; `Canary` adds the requests
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -221,6 +230,7 @@ class CanaryConfig:
     profile_name: str | None = None
     profile_id: str | None = None
     adapter: str | None = None
+    verdict_file: str | None = None
 
 
 @dataclass
@@ -246,6 +256,10 @@ class Canary:
     last_row_at: float | None = None
     rows: list[ResultRecord] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    # Serialises verdict writes (the run loop and the restart watcher): a snapshot taken earlier never
+    # replaces a later one.
+    _verdict_lock: threading.Lock = field(default_factory=threading.Lock)
+    _verdict_error: str | None = None
 
     def __post_init__(self) -> None:
         self.labels = case_labels(self.config.cases)
@@ -292,6 +306,7 @@ class Canary:
             summary.stored = self._store_row(f"state:{changed}", report, now)
         elif self.last_row_at is not None and now - self.last_row_at >= self.config.heartbeat_s:
             summary.stored = self._store_row("heartbeat", report, now)
+        self.write_verdict()
         if self.on_run is not None:
             self.on_run(summary)
         return summary
@@ -339,6 +354,7 @@ class Canary:
             self._store_row(
                 f"state:{changed}", SmokeReport(passed=True, diagnosis="restarted", cases=[]), now
             )
+        self.write_verdict()
         return changed
 
     def watch_restarts(self, stop: threading.Event, poll_s: float = RESTART_POLL_S) -> None:
@@ -400,17 +416,66 @@ class Canary:
         finally:
             store.close()
 
+    def verdict(self) -> dict[str, Any]:
+        """What the verdict file says: the state now, when, and which canary process said it."""
+        with self._lock:
+            status, diagnosis = self.state.status, self.state.diagnosis
+        return {"status": status, "diagnosis": diagnosis, "written_at": self.clock(), "pid": os.getpid()}
+
+    def write_verdict(self) -> None:
+        """Write `verdict()` to the verdict file, if there is one. Rewritten after every run, changed or
+        not, so that its mtime says the canary is alive. A failure is a warning (once per streak of
+        failures), never the end of the checking."""
+        path = self.config.verdict_file
+        if path is None:
+            return
+        with self._verdict_lock:
+            try:
+                write_verdict_file(path, self.verdict())
+            except OSError as exc:
+                # Without the file names: the temporary file's name changes from one try to the next.
+                error = f"{type(exc).__name__}: {exc.strerror or exc}"
+                if error != self._verdict_error:
+                    self._warn(f"the verdict file {path} could not be written ({error}); the canary goes on")
+                self._verdict_error = error
+                return
+            if self._verdict_error is not None:
+                self._warn(f"the verdict file {path} is written again")
+                self._verdict_error = None
+
     def _warn(self, message: str) -> None:
         if self.on_warning is not None:
             self.on_warning(message)
 
     def run_forever(self, stop: threading.Event) -> None:
-        """A run every `every_s` seconds (measured start to start; a slow run is followed at once)."""
+        """A run every `every_s` seconds (measured start to start; a slow run is followed at once). The
+        verdict file says `starting` before the first run."""
+        self.write_verdict()
         next_at = time.monotonic()
         while not stop.is_set():
             self.run_once()
             next_at = max(next_at + self.config.every_s, time.monotonic())
             stop.wait(max(0.0, next_at - time.monotonic()))
+
+
+def write_verdict_file(path: str | os.PathLike[str], verdict: dict[str, Any]) -> None:
+    """Atomically: a temporary file in the same directory (same filesystem), fsynced, then renamed over
+    `path`; a reader sees the old verdict or the new one, never half of one. Mode 0644: the probes run in
+    the vLLM container, often under another user. Raises OSError; the temporary file never stays."""
+    target = os.fspath(path)
+    directory, name = os.path.split(os.path.abspath(target))
+    fd, temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps(verdict) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+            os.fchmod(handle.fileno(), 0o644)
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
 
 
 def server_health_ok(url: str, timeout_s: float) -> bool:
@@ -495,6 +560,7 @@ class CanaryOptions:
     miss_limit: int = DEFAULT_MISS_LIMIT
     exit_on_corruption: bool = False
     watch_restarts: bool = True
+    verdict_file: str | None = None
 
 
 class CanaryError(Exception):
@@ -535,6 +601,7 @@ def build_config(options: CanaryOptions) -> CanaryConfig:
             miss_limit=options.miss_limit,
             store_url=options.store_url,
             store=options.store,
+            verdict_file=options.verdict_file,
         )
     served, max_len = discover_model(options.url, api_key, options.model)
     return CanaryConfig(
@@ -548,6 +615,7 @@ def build_config(options: CanaryOptions) -> CanaryConfig:
         miss_limit=options.miss_limit,
         store_url=options.store_url,
         store=options.store,
+        verdict_file=options.verdict_file,
     )
 
 
@@ -564,6 +632,7 @@ def config_for_profile(
     miss_limit: int = DEFAULT_MISS_LIMIT,
     store_url: str | None = None,
     store: bool = True,
+    verdict_file: str | None = None,
 ) -> CanaryConfig:
     """The canary of a profile's server: its rotation, served name, limits and smoke tolerances."""
     from deploykit.smoke import special_token_ids
@@ -586,6 +655,7 @@ def config_for_profile(
         profile_name=profile.name,
         profile_id=profile_id,
         adapter=adapters[0] if adapters else None,
+        verdict_file=verdict_file,
     )
 
 
@@ -611,8 +681,14 @@ def discover_model(url: str, api_key: str | None, wanted: str | None) -> tuple[s
     )
 
 
-def run_canary(options: CanaryOptions, say: Callable[[str], None] = print) -> int:
-    """Run until SIGINT/SIGTERM; returns the exit code."""
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def run_canary(
+    options: CanaryOptions, say: Callable[[str], None] = print, warn: Callable[[str], None] = _to_stderr
+) -> int:
+    """Run until SIGINT/SIGTERM; returns the exit code. Progress goes to `say`, warnings to `warn`."""
     import signal
 
     try:
@@ -639,7 +715,7 @@ def run_canary(options: CanaryOptions, say: Callable[[str], None] = print) -> in
 
     stop = threading.Event()
     corrupt = threading.Event()
-    canary = Canary(config, on_run=on_run, on_warning=lambda m: say(f"deploykit canary: {m}"))
+    canary = Canary(config, on_run=on_run, on_warning=lambda m: warn(f"deploykit canary: {m}"))
     try:
         server = serve_http(canary, host, port)
     except OSError as exc:
@@ -650,6 +726,7 @@ def run_canary(options: CanaryOptions, say: Callable[[str], None] = print) -> in
     say(
         f"canary for {config.served_name} at {config.url}: every {config.every_s:g} s, rotation {rotation}; "
         f"/healthz, /livez and /metrics on http://{host}:{bound}"
+        + (f"; verdict written to {config.verdict_file}" if config.verdict_file else "")
     )
     if options.watch_restarts:
         threading.Thread(

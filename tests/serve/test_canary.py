@@ -5,6 +5,12 @@ A fake runner stands in for `run_smoke` and a fake clock for time, so nothing he
 
 from __future__ import annotations
 
+import json
+import os
+import stat
+import subprocess
+import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,8 +23,12 @@ from deploykit.profile.schema import SmokeCase
 from deploykit.serve.canary import (
     Canary,
     CanaryConfig,
+    CanaryOptions,
     CanaryState,
+    RunSummary,
+    build_config,
     case_labels,
+    config_for_profile,
     outcome_of,
     parse_listen,
     rotation_for,
@@ -60,9 +70,12 @@ class Script:
         return self.reports.pop(0)
 
 
+NOW = 1_800_000_000.0
+
+
 class Clock:
     def __init__(self) -> None:
-        self.now = 1_800_000_000.0
+        self.now = NOW
 
     def __call__(self) -> float:
         return self.now
@@ -224,3 +237,192 @@ def test_parse_listen() -> None:
     assert parse_listen("[::1]:80") == ("::1", 80)
     with pytest.raises(ValueError, match="HOST:PORT"):
         parse_listen("9400")
+
+
+# --- the verdict file (`--verdict-file`) -----------------------------------------------------------
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    found: dict[str, Any] = json.loads(path.read_text())
+    return found
+
+
+def test_verdict_file_says_starting_then_each_runs_verdict_rewritten_every_run(tmp_path: Path) -> None:
+    path = tmp_path / "shared" / "verdict.json"
+    path.parent.mkdir()
+    canary, script, clock = make(tmp_path, GOOD, GOOD, WRONG, store=False, verdict_file=str(path))
+    canary.config.every_s = 0  # run_forever without waiting between runs
+    seen: list[dict[str, Any]] = []
+    stop = threading.Event()
+
+    def runner(url: str, requests: Any, **kwargs: Any) -> SmokeReport:
+        seen.append(read_json(path))  # what the file says before each run
+        return script(url, requests, **kwargs)
+
+    def on_run(summary: RunSummary) -> None:
+        clock.now += 5
+        if summary.number == 2:
+            stop.set()
+
+    canary.runner, canary.on_run = runner, on_run
+    canary.run_forever(stop)
+    seen.append(read_json(path))
+    assert [v["status"] for v in seen] == ["starting", "healthy", "healthy", "corrupt"]
+    assert seen[0] == {"status": "starting", "diagnosis": "no run yet", "written_at": NOW, "pid": os.getpid()}
+    assert [v["written_at"] for v in seen] == [NOW, NOW, NOW + 5, NOW + 10]  # rewritten, changed or not
+    assert (
+        seen[3]["diagnosis"].startswith("completion: ") and "every generated id is 0" in seen[3]["diagnosis"]
+    )
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    assert sorted(p.name for p in path.parent.iterdir()) == ["verdict.json"]  # no temporary file left
+
+
+def test_verdict_file_on_a_server_restart(tmp_path: Path) -> None:
+    path = tmp_path / "verdict.json"
+    canary, _, _ = make(tmp_path, WRONG, store=False, verdict_file=str(path))
+    canary.run_once()
+    assert read_json(path)["status"] == "corrupt"
+    assert canary.server_restarted() == "starting"
+    found = read_json(path)
+    assert found["status"] == "starting" and "the server restarted" in found["diagnosis"]
+
+
+def test_verdict_file_is_replaced_atomically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The new verdict is complete and fsynced in another file of the same directory before it is renamed
+    over the old one, which stays whole until then: a reader never sees part of a verdict."""
+    path = tmp_path / "verdict.json"
+    canary, _, _ = make(tmp_path, GOOD, store=False, verdict_file=str(path))
+    canary.write_verdict()
+    synced: list[int] = []
+    replaced: list[tuple[str, str]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        synced.append(fd)
+        real_fsync(fd)
+
+    def replace(source: Any, target: Any) -> None:
+        assert synced, "renamed before fsync"
+        assert Path(source).parent == path.parent and Path(source) != path
+        assert read_json(Path(source))["status"] == "healthy"  # the new verdict, whole
+        assert read_json(path)["status"] == "starting"  # the old one, untouched so far
+        replaced.append((str(source), str(target)))
+        real_replace(source, target)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    canary.run_once()
+    assert len(replaced) == 1 and replaced[0][1] == str(path)
+    assert read_json(path)["status"] == "healthy"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["verdict.json"]
+
+
+@pytest.mark.parametrize("obstacle", ["path is a directory", "parent is a file", "no parent"])
+def test_verdict_file_write_failure_is_a_warning_and_the_canary_goes_on(
+    tmp_path: Path, obstacle: str
+) -> None:
+    shared = tmp_path / "shared"
+    path = shared / "verdict.json"
+    if obstacle == "path is a directory":
+        path.mkdir(parents=True)
+    elif obstacle == "parent is a file":
+        shared.write_text("not a directory")
+    canary, _, clock = make(tmp_path, GOOD, WRONG, GOOD, store=False, verdict_file=str(path))
+    warnings: list[str] = []
+    canary.on_warning = warnings.append
+    canary.write_verdict()
+    canary.run_once()
+    assert canary.run_once().changed == "corrupt"  # the checking went on
+    healthy, text = canary.health()
+    assert not healthy and text.startswith("corrupt: repeat: ")
+    assert len(warnings) == 1  # once per streak, not once per run
+    assert warnings[0].startswith(f"the verdict file {path} could not be written (")
+    assert warnings[0].endswith("); the canary goes on")
+    assert not list(tmp_path.rglob(".verdict.json.*"))  # no temporary file left behind
+    # the obstacle goes: the next run writes the file again, and says so
+    if path.is_dir():
+        path.rmdir()
+    else:
+        shared.unlink(missing_ok=True)
+        shared.mkdir()
+    clock.now += 5
+    canary.run_once()
+    assert warnings[1:] == [f"the verdict file {path} is written again"]
+    assert read_json(path)["status"] == "corrupt" and read_json(path)["written_at"] == NOW + 5
+
+
+def test_run_canary_warns_on_stderr_when_the_verdict_file_cannot_be_written(tmp_path: Path) -> None:
+    """The command end to end against a stand-in server: its verdict write fails (the path is a directory),
+    the warning goes to stderr, and the canary keeps running until it is stopped."""
+    path = tmp_path / "verdict"
+    path.mkdir()
+    result = subprocess.run(
+        [sys.executable, "-c", RUN_CANARY, str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert (
+        f"deploykit canary: the verdict file {path} could not be written (IsADirectoryError" in result.stderr
+    )
+    assert "could not be written" not in result.stdout
+    assert "run 2 completion: ok" in result.stdout  # still checking after the failed writes
+
+
+# Runs `run_canary` in a child process (it installs signal handlers) with a fake runner, stopping it with
+# SIGINT after two runs.
+RUN_CANARY = """
+import os, signal, sys
+from deploykit.serve import canary as module
+from deploykit.profile.schema import SmokeCase
+from deploykit.smoke import CaseResult, summarise
+
+good = summarise(
+    [CaseResult(name="c", kind="completion", endpoint="/v1/completions", model="m", passed=True)]
+)
+runs = []
+
+def runner(url, requests, **kwargs):
+    runs.append(1)
+    if len(runs) == 2:
+        os.kill(os.getpid(), signal.SIGINT)
+    return good
+
+real_canary = module.Canary
+module.Canary = lambda config, **kw: real_canary(config, runner=runner, **kw)
+module.build_config = lambda options: module.CanaryConfig(
+    url=options.url, served_name="m", cases=[SmokeCase(kind="completion")], every_s=0.01, store=False,
+    verdict_file=options.verdict_file,
+)
+options = module.CanaryOptions(
+    url="http://127.0.0.1:1", listen="127.0.0.1:0", store=False, watch_restarts=False,
+    verdict_file=sys.argv[1],
+)
+sys.exit(module.run_canary(options))
+"""
+
+
+def test_the_cli_passes_verdict_file_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from deploykit.cli import app
+
+    got: list[CanaryOptions] = []
+
+    def fake_run_canary(options: CanaryOptions, *args: Any) -> int:
+        got.append(options)
+        return 0
+
+    monkeypatch.setattr("deploykit.serve.canary.run_canary", fake_run_canary)
+    argv = ["canary", "--url", "http://127.0.0.1:8000", "--verdict-file", "/run/deploykit/verdict.json"]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    assert got[0].verdict_file == "/run/deploykit/verdict.json"
+    assert CliRunner().invoke(app, ["canary", "--url", "http://x"]).exit_code == 0
+    assert got[1].verdict_file is None
+
+
+def test_build_config_carries_the_verdict_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("deploykit.serve.canary.discover_model", lambda url, key, wanted: ("tiny", 2048))
+    config = build_config(CanaryOptions(url="http://127.0.0.1:1", verdict_file="/run/v.json"))
+    assert config.verdict_file == "/run/v.json"
+    profile = load_profile("demo-cpu").profile
+    assert config_for_profile(profile, None, url="u", model_path=None, verdict_file="/v").verdict_file == "/v"
