@@ -71,3 +71,7 @@ if ! as_postgres psql -p "$PG_PORT" -tAc "SELECT 1 FROM pg_database WHERE datnam
 fi
 
 echo "ci-services: PostgreSQL ready: postgresql+psycopg://$PG_ROLE:***@127.0.0.1:$PG_PORT/$PG_DB"
+
+# podman and a cached Debian root for the tests that play pods (tests/e2e/pod_runtime.py). It never fails
+# this script: on a machine that cannot run containers it says why, and those tests skip with that reason.
+bash "$(dirname "$0")/pod-runtime.sh" || echo "ci-services: tools/pod-runtime.sh exited $?; the pod tests will skip"
