@@ -169,7 +169,7 @@ class SmokeSpec(_Strict):
 class DeploySpec(_Strict):
     startup_timeout_s: Annotated[int, Field(gt=0)] = 900
     user: str = "vllm"
-    image: str = "vllm/vllm-openai:latest"
+    image: str = "vllm/vllm-openai"  # the tag follows the vLLM version the plan targets
     replicas: Annotated[int, Field(ge=1)] = 1
     cache_dir: str = "/var/cache/deploykit"
     namespace: str | None = None

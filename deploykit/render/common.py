@@ -29,10 +29,10 @@ class RenderError(errors.RenderError):
 
 
 class RenderedFile(BaseModel):
-    """One output file, its path relative to the output directory."""
+    """One output file, its path relative to the output directory: text, or bytes (the chart's wheel)."""
 
     path: str
-    content: str
+    content: str | bytes
     mode: int = 0o644
 
 
@@ -123,8 +123,8 @@ def write_files(result: RenderResult, out_dir: Path) -> list[Path]:
     return written
 
 
-def _write_with_mode(target: Path, content: str, mode: int) -> None:
+def _write_with_mode(target: Path, content: str | bytes, mode: int) -> None:
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+    with os.fdopen(fd, "wb") as handle:
         os.fchmod(handle.fileno(), mode)  # an existing file keeps its old mode through os.open
-        handle.write(content)
+        handle.write(content.encode() if isinstance(content, str) else content)

@@ -7,6 +7,7 @@ env. The chart's own templates are Helm (Go) templates copied verbatim: deployki
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,7 @@ from deploykit.render.common import (
     plain_env,
     template_root,
 )
+from deploykit.render.plugin_wheel import PluginWheel, build_plugin_wheel
 
 if TYPE_CHECKING:
     from deploykit.plan import Plan
@@ -38,12 +40,28 @@ LABEL_FAMILY = "nvidia.com/gpu.family"
 # deploykit's family names → GFD's `nvidia.com/gpu.family` values.
 GFD_FAMILIES = {"ada": "ada-lovelace"}
 PROBE_PERIOD_S = 10
-SMOKE_IMAGE = "deploykit:0.1.0"
-# Where the init container installs deploykit's plugin; the vLLM container has it on PYTHONPATH.
+# Where the pod sees deploykit: the bundled wheel's ConfigMap, or the folder an init container installs into.
 PLUGIN_PATH = "/opt/deploykit"
+# The chart's own copy of the plugin wheel, beside its templates (read by `.Files.Get`).
+CHART_FILES_DIR = "files"
 CANARY_PORT = 9400
 CANARY_EVERY_S = 60
 CANARY_MISS_LIMIT = 5
+# A verdict file the canary has not rewritten for this long says nothing (a hung canary): several runs.
+VERDICT_MAX_AGE_S = 600
+# Kubernetes' default progress deadline (600 s) is shorter than a big model's load: the rollout may take
+# the whole start-up window plus an image pull and scheduling before it counts as failed.
+PROGRESS_MARGIN_S = 600
+# What the vLLM container asks of its node besides GPUs: the API server, the engine core and the workers,
+# and host memory for loading weights. A CPU-only plan runs the tiny demo model.
+VLLM_REQUESTS_GPU = {"cpu": "2", "memory": "8Gi"}
+VLLM_REQUESTS_CPU = {"cpu": "1", "memory": "2Gi"}
+# vLLM's processes (API server, engine core, workers) exchange requests and tensors through /dev/shm; a
+# container's default 64 MiB is too small even for one process group (vLLM's CPU build asked for 160 MiB in
+# the podman test), and tensor parallel workers need far more. Memory-backed: it counts as the pod's memory.
+SHM_SINGLE = "2Gi"
+SHM_TP = "16Gi"
+_VERSION_TAG = re.compile(r"^v?\d+\.\d+(\.\d+)?")
 
 
 class _BlockDumper(yaml.SafeDumper):
@@ -63,18 +81,54 @@ def to_yaml(value: Any) -> str:
     return text.rstrip("\n")
 
 
-def split_image(reference: str) -> tuple[str, str]:
-    """`repo[:tag]` → (repo, tag); the tag defaults to latest, as for `docker pull`."""
+def split_image(reference: str) -> tuple[str, str | None]:
+    """`repo[:tag]` → (repo, tag or None)."""
     if "@" in reference:
         raise RenderError(f"deploy.image {reference!r}: use a tag, not a digest, for the chart")
     name, sep, tag = reference.rpartition(":")
     if not sep or "/" in tag:
-        return reference, "latest"
+        return reference, None
     return name, tag
 
 
-def node_affinity(plan: Plan, loaded: LoadedProfile) -> tuple[dict[str, Any], list[str]]:
-    """Required node affinity on GFD labels: the compute capability the fixes were decided for."""
+def vllm_image(reference: str, vllm_version: str | None) -> tuple[str, str, list[str]]:
+    """(repository, tag, warnings): the tag is the vLLM version the plan targeted, so the chart runs the
+    release its decisions were made for (`plan` warns when it validated the argv with another release)."""
+    from deploykit.vllm_compat import vllm_image_tag
+
+    repository, tag = split_image(reference)
+    if vllm_version is None:
+        if tag is None or tag == "latest":
+            raise RenderError(
+                f"deploy.image {reference!r}: the plan targets no known vLLM version, so the chart cannot "
+                "pick the image tag; set the profile's vllm_version or render with --facts that name one"
+            )
+        return (
+            repository,
+            tag,
+            [f"the plan names no vLLM version: image tag {tag} is the profile's, unchecked"],
+        )
+    try:
+        wanted = vllm_image_tag(vllm_version)
+    except ValueError:
+        raise RenderError(
+            f"the plan targets vLLM {vllm_version!r}, which is no release version, so it names no image tag; "
+            "set the profile's vllm_version to a release (e.g. 0.32.0)"
+        ) from None
+    if tag is None or tag == wanted:
+        return repository, wanted, []
+    if tag == "latest" or _VERSION_TAG.match(tag):
+        raise RenderError(
+            f"deploy.image {reference!r}: tag {tag} is not the vLLM {vllm_version} the plan targets; "
+            f"drop the tag (the chart then uses {wanted}) or change "
+            "vllm_version"
+        )
+    return repository, tag, [f"deploy.image {reference}: a custom tag; it must run vLLM {vllm_version}"]
+
+
+def gpu_node_terms(plan: Plan, loaded: LoadedProfile) -> tuple[list[dict[str, Any]], list[str]]:
+    """Required node-selector terms on GFD labels: the compute capability the fixes were decided for. The
+    chart ANDs them with any node affinity of the user's own (templates/_helpers.tpl)."""
     requires = loaded.profile.requires
     memory: list[dict[str, Any]] = []
     if requires.min_memory_mib:
@@ -100,9 +154,8 @@ def node_affinity(plan: Plan, loaded: LoadedProfile) -> tuple[dict[str, Any], li
             "no GPU facts and no requires.architectures: the chart may land on any GPU node; "
             "render with --facts from the target GPU"
         )
-        return {}, warnings
-    selector = {"nodeSelectorTerms": terms}
-    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": selector}}, warnings
+        return [], warnings
+    return terms, warnings
 
 
 def probes(startup_timeout_s: int) -> dict[str, Any]:
@@ -124,22 +177,23 @@ def probes(startup_timeout_s: int) -> dict[str, Any]:
 
 
 def canary_values() -> dict[str, Any]:
-    """The canary sidecar and the timing of the probes that read it (docs/deploy.md justifies each).
+    """The canary sidecar and the timing of the vLLM probes that read its verdict (docs/deploy.md).
 
-    readiness: /healthz every 10 s, 3 failures: out of the Service within ~30 s of a wrong answer; a busy
-    server never gets there (the canary answers from its own process, and turns 503 for misses only after
-    canary.missLimit runs in a row, minutes, got no answer at all).
-    liveness: /livez every 20 s, timeout 10 s, 3 failures: vLLM restarted ~60 s after a wrong answer, or
-    when its /health stops answering (the canary asks it with a 5 s timeout), as the /health probe did."""
+    The canary writes its verdict to a file on a shared emptyDir; vLLM's readiness and liveness are exec
+    probes in the vLLM container (`python3 -m deploykit.render.pod_probe`) that ask vLLM's own /health
+    and read that file. A missing, crash-looping or hung canary leaves no fresh verdict, so it can never
+    fail vLLM's liveness; a fresh `corrupt` verdict fails both (out of the Service within ~30 s, vLLM
+    restarted after ~60 s), an `unreachable` one only readiness."""
     return {
         "enabled": True,
-        "image": SMOKE_IMAGE,
+        "image": "",
         "pullPolicy": "IfNotPresent",
         "port": CANARY_PORT,
         "every": CANARY_EVERY_S,
         "missLimit": CANARY_MISS_LIMIT,
+        "verdictMaxAgeSeconds": VERDICT_MAX_AGE_S,
         "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
-        "readiness": {"periodSeconds": PROBE_PERIOD_S, "timeoutSeconds": 5, "failureThreshold": 3},
+        "readiness": {"periodSeconds": PROBE_PERIOD_S, "timeoutSeconds": 10, "failureThreshold": 3},
         "liveness": {"periodSeconds": 20, "timeoutSeconds": 10, "failureThreshold": 3},
     }
 
@@ -152,61 +206,104 @@ def smoke_secret_env(plan: Plan, loaded: LoadedProfile) -> dict[str, str]:
     return {api_key_env: "VLLM_API_KEY"}
 
 
-def plugin_values(plan: Plan) -> dict[str, Any]:
-    """The init container that installs deploykit's plugin (only when the plan enables a fix)."""
-    from deploykit import __version__
+def plugin_values(wheel: PluginWheel) -> dict[str, Any]:
+    """How deploykit reaches the pod. `bundled` (default): the wheel inside the chart, from a ConfigMap,
+    on PYTHONPATH: nothing fetched. The others are opt-in: `index` (a private index whose URL, credentials
+    included, comes from a Secret), `url` (one wheel by URL, pip --require-hashes), `image` (a derived
+    image with deploykit installed: docker/Dockerfile.vllm)."""
+    from deploykit import DISTRIBUTION, __version__
 
     return {
-        "enabled": bool(plan.enabled_fixes),
-        "image": "",
-        "requirement": f"deploykit=={__version__}",
-        "pipArgs": [],
+        "source": "bundled",
+        "wheel": {"file": wheel.filename, "sha256": wheel.sha256},
         "path": PLUGIN_PATH,
+        "index": {
+            "secretName": "",
+            "secretKey": "index-url",
+            "requirement": f"{DISTRIBUTION}=={__version__}",
+        },
+        "url": {"url": "", "sha256": ""},
     }
 
 
-def chart_values(plan: Plan, loaded: LoadedProfile) -> tuple[dict[str, Any], list[str]]:
+def chart_values(plan: Plan, loaded: LoadedProfile, wheel: PluginWheel) -> tuple[dict[str, Any], list[str]]:
     from deploykit import __version__
 
     profile = loaded.profile
     name = kubernetes_name(profile.name)
-    repository, tag = split_image(profile.deploy.image)
+    repository, tag, warnings = vllm_image(profile.deploy.image, plan.vllm_version)
     count = gpu_count(plan, loaded)
     cache_path = profile.deploy.cache_dir.rstrip("/")
-    affinity, warnings = node_affinity(plan, loaded) if count else ({}, [])
+    terms, affinity_warnings = gpu_node_terms(plan, loaded) if count else ([], [])
     env = {"HF_HOME": f"{cache_path}/huggingface", "VLLM_CACHE_ROOT": f"{cache_path}/vllm"}
     env.update(plain_env(plan))
+    resources: dict[str, Any] = {"requests": dict(VLLM_REQUESTS_GPU if count else VLLM_REQUESTS_CPU)}
+    if count:
+        resources["limits"] = {GPU_RESOURCE: count}
     values: dict[str, Any] = {
         "image": {"repository": repository, "tag": tag, "pullPolicy": "IfNotPresent"},
+        "imagePullSecrets": [],
         "replicaCount": profile.deploy.replicas,
         "strategy": {"type": "Recreate"},
+        "progressDeadlineSeconds": profile.deploy.startup_timeout_s + PROGRESS_MARGIN_S,
         "command": list(plan.argv),
         "env": env,
         "secretEnv": {key: key for key in plan.secret_env},
         "secretName": f"{name}-secrets",
         "port": profile.serve.port,
         "service": {"type": "ClusterIP", "port": profile.serve.port},
-        "resources": {"limits": {GPU_RESOURCE: count}} if count else {},
-        "shm": {"enabled": profile.serve.tensor_parallel_size > 1, "sizeLimit": "16Gi"},
-        "cache": {"path": cache_path, "existingClaim": ""},
-        "affinity": affinity,
-        "tolerations": (
+        "resources": resources,
+        "shm": {
+            "enabled": True,
+            "sizeLimit": SHM_TP if profile.serve.tensor_parallel_size > 1 else SHM_SINGLE,
+        },
+        "cache": {
+            "path": cache_path,
+            "existingClaim": "",
+            "persistence": {
+                "enabled": False,
+                "size": "100Gi",
+                "storageClassName": "",
+                "accessModes": ["ReadWriteOnce"],
+            },
+        },
+        "gpuNodeSelectorTerms": terms,
+        "affinity": {},
+        "nodeSelector": {},
+        "gpuTolerations": (
             [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}] if count else []
         ),
+        "tolerations": [],
+        "podAnnotations": {},
+        "podLabels": {},
+        "serviceAccountName": "",
+        "priorityClassName": "",
+        "runtimeClassName": "",
+        "podSecurityContext": {},
         "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
         "probes": probes(profile.deploy.startup_timeout_s),
-        "plugin": plugin_values(plan),
+        "plugin": plugin_values(wheel),
+        "canary": canary_values(),
         "smokeTest": {
-            "image": SMOKE_IMAGE,
+            "image": "",
             "pullPolicy": "IfNotPresent",
             "secretEnv": smoke_secret_env(plan, loaded),
             "expectFixes": ",".join(plan.enabled_fixes) or "none",
         },
-        "canary": canary_values(),
+        "podDisruptionBudget": {"enabled": False, "maxUnavailable": 1, "minAvailable": ""},
+        "metrics": {
+            "podMonitor": {"enabled": False, "interval": "30s", "labels": {}},
+            "serviceMonitor": {"enabled": False, "interval": "30s", "labels": {}},
+        },
         "profileYaml": loaded.path.read_text(),
-        "deploykit": {"profile": profile.name, "profileId": loaded.id, "version": __version__},
+        "deploykit": {
+            "profile": profile.name,
+            "profileId": loaded.id,
+            "version": __version__,
+            "vllmVersion": plan.vllm_version or "unknown",
+        },
     }
-    return values, warnings
+    return values, [*warnings, *affinity_warnings]
 
 
 def chart_files(root: Path) -> list[RenderedFile]:
@@ -229,7 +326,8 @@ def render_helm(plan: Plan, loaded: LoadedProfile) -> RenderResult:
             f"serve.host is {profile.serve.host}: inside a pod the Service cannot reach a loopback address. "
             "Set `serve: {host: 0.0.0.0}` in the profile (then `deploykit plan` shows the same argv)."
         )
-    values, warnings = chart_values(plan, loaded)
+    wheel = build_plugin_wheel()
+    values, warnings = chart_values(plan, loaded, wheel)
     chart_name = kubernetes_name(profile.name)
     context = {
         "deploykit_version": __version__,
@@ -242,6 +340,7 @@ def render_helm(plan: Plan, loaded: LoadedProfile) -> RenderResult:
         "facts_source": plan.facts.source if plan.facts.gpus else "no GPU",
         "vllm_version": plan.vllm_version or "unknown",
         "startup_timeout_s": profile.deploy.startup_timeout_s,
+        "wheel_kib": round(wheel.size_kib),
         "values": values,
     }
     jinja = jinja_environment()
@@ -250,6 +349,7 @@ def render_helm(plan: Plan, loaded: LoadedProfile) -> RenderResult:
         RenderedFile(path="Chart.yaml", content=jinja.get_template("helm/Chart.yaml.j2").render(context)),
         RenderedFile(path="values.yaml", content=jinja.get_template("helm/values.yaml.j2").render(context)),
         *chart_files(template_root() / "helm" / "chart"),
+        RenderedFile(path=f"{CHART_FILES_DIR}/{wheel.filename}", content=wheel.data),
     ]
     # The chart is a directory named after it, as `helm create` makes it.
     files = [item.model_copy(update={"path": f"{chart_name}/{item.path}"}) for item in files]

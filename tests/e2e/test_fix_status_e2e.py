@@ -2,13 +2,16 @@
 
 vLLM starts four times in this file (30–60 s each here):
   1. DEPLOYKIT_FIXES=device_penalties but VLLM_PLUGINS leaving deploykit's plugin out: smoke fails naming it;
-  2. `deploykit serve --check` on the demo with `--fix device_penalties=on`: the row lists it active;
+  2. `deploykit serve` on the demo with `--fix device_penalties=on` and an API key: the route answers 401
+     without the key, as /v1 does; serve's and smoke's fix checks send it, and the row lists the fix active;
   3. a stock vLLM environment (a Python that cannot import deploykit, no deploykit entry point) with
      DEPLOYKIT_FIXES set by hand, as the issue's Turing pod ran: smoke fails naming the fix;
-  4. the same stock environment with the Helm chart's mechanism applied: the init container's install
-     command, taken from `helm template` and run as is (only the index is a local wheel directory), into a
-     directory that the chart's vLLM command gets on PYTHONPATH: the route lists the planned fix, the chart's
-     `helm test` command passes, the row records the fix.
+  4. the same stock environment with the Helm chart's mechanism applied: the wheel the chart carries, taken
+     from the ConfigMap `helm template` renders and laid where the pod mounts it, on the PYTHONPATH the
+     chart's vLLM container sets: the route lists the planned fix, and the chart's `helm test` command, run
+     by the stock Python with only that wheel added, passes.
+The chart's opt-in `url` source is run too (no vLLM start): its init container's script installs that same
+wheel with pip --require-hashes, and refuses a wrong digest.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
+import secrets
 import subprocess
 import sys
 import sysconfig
@@ -133,27 +136,6 @@ def stock_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return python
 
 
-@pytest.fixture(scope="module")
-def wheel_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """deploykit's wheel, built from a copy of the source (the worktree stays clean): a local 'index'."""
-    work = tmp_path_factory.mktemp("wheel")
-    src = work / "src"
-    src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(REPO / name, src / name)
-    for name in ("deploykit", "profiles", "templates"):
-        shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
-    out = work / "wheels"
-    build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index"]
-    subprocess.run(
-        [*build, "-w", str(out), str(src)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    return out
-
-
 def test_plugin_left_out_by_vllm_plugins_fails_smoke_naming_the_fix(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -174,19 +156,45 @@ def test_plugin_left_out_by_vllm_plugins_fails_smoke_naming_the_fix(
     assert row.verdict == "fail" and row.fixes_active == {} and FIX in row.diagnosis
 
 
-def test_serve_check_records_the_planned_fix_active(tmp_path: Path) -> None:
-    store = f"sqlite:///{tmp_path / 'r.sqlite'}"
+def test_serve_records_the_planned_fix_active_behind_the_api_key(tmp_path: Path) -> None:
     from deploykit.net import free_port
+    from tests.e2e.serve_helpers import CommandRun
+    from tests.e2e.test_serve_e2e import START_TIMEOUT_S, demo_variant, only_row
 
-    result = deploykit_cli(
-        "serve", "-p", "demo-cpu", "--fix", f"{FIX}=on", "--check", "--quiet", "--port", str(free_port()),
-        "--store", store, env=command_env(tmp_path),
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr
-    (row,) = rows(store)
+    store = f"sqlite:///{tmp_path / 'r.sqlite'}"
+    api_key = "sk-e2e-" + secrets.token_hex(12)
+    profile = demo_variant(tmp_path, "demo-keyed", serve__api_key_env="DK_E2E_API_KEY")
+    env = command_env(tmp_path, DK_E2E_API_KEY=api_key)
+    port = free_port()
+    run = CommandRun(
+        ["serve", "-p", str(profile), "--fix", f"{FIX}=on", "--port", str(port), "--store", store], env
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        run.wait_for(r"^serving \S+ at ", START_TIMEOUT_S)
+        refusals = [
+            httpx.get(url + "/deploykit/status", timeout=60),
+            httpx.get(url + "/deploykit/status", headers={"Authorization": "Bearer sk-wrong"}, timeout=60),
+            httpx.get(url + "/v1/models", timeout=60),  # vLLM's own refusal, for comparison
+        ]
+        status = httpx.get(
+            url + "/deploykit/status", headers={"Authorization": f"Bearer {api_key}"}, timeout=60
+        ).json()
+        smoke = deploykit_cli(
+            "smoke", "--url", url, "--model", "tiny", "--expect-fixes", FIX,
+            "--api-key-env", "DK_E2E_API_KEY", "--no-store", env=env,
+        )  # fmt: skip
+    finally:
+        run.stop(60)
+    assert [r.status_code for r in refusals] == [401, 401, 401]
+    assert refusals[0].json() == refusals[1].json() == refusals[2].json()
+    assert status["fixes_active"][FIX].startswith("vllm.") and "engine_answer_age_s" in status
+    assert smoke.returncode == 0, smoke.stdout + smoke.stderr  # `deploykit smoke`'s fix check sends the key
+    row = only_row(store)  # `deploykit serve`'s own fix check, with the key
     assert row.verdict == "pass" and row.fixes_active is not None
     assert row.fixes_active[FIX].startswith("vllm.")  # the engine's patched target
     assert [c.name for c in row.cases][-1] == "fixes" and row.cases[-1].passed
+    assert api_key not in run.output + smoke.stdout + smoke.stderr
 
 
 def test_stock_vllm_with_deploykit_fixes_set_by_hand_fails_smoke(
@@ -226,61 +234,96 @@ def rendered_chart(tmp_path: Path, tiny_model_dir: Path) -> Path:
     return out / "demo-penalties"
 
 
-def test_stock_vllm_with_the_charts_plugin_install_runs_the_fix(
-    stock_python: Path, wheel_dir: Path, rendered_chart: Path, tmp_path: Path
-) -> None:
-    plugin_dir = tmp_path / "deploykit-plugin"  # the emptyDir volume
-    local_index = "plugin.pipArgs=" + json.dumps(["--no-index", "--find-links", str(wheel_dir)])
+def helm_template(chart: Path, *options: str) -> list[dict[str, Any]]:
     rendered = subprocess.run(
-        [
-            find_helm(), "template", "demo", str(rendered_chart),
-            "--set", f"plugin.path={plugin_dir}",
-            "--set-json", local_index,
-        ],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    docs = [d for d in yaml.safe_load_all(rendered) if d]
+        [find_helm(), "template", "demo", str(chart), *options], capture_output=True, text=True, check=True
+    ).stdout
+    return [d for d in yaml.safe_load_all(rendered) if d]
+
+
+def test_stock_vllm_with_the_charts_bundled_wheel_runs_the_fix(
+    stock_python: Path, rendered_chart: Path, tmp_path: Path
+) -> None:
+    import base64
+
+    plugin_dir = tmp_path / "deploykit-plugin"  # where the pod mounts the ConfigMap
+    docs = helm_template(rendered_chart, "--set", f"plugin.path={plugin_dir}")
     (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
     (pod,) = [d for d in docs if d["kind"] == "Pod"]
+    (plugin_map,) = [d for d in docs if d["kind"] == "ConfigMap" and "binaryData" in d]
     spec = deployment["spec"]["template"]["spec"]
-    (init,) = spec["initContainers"]
-    # The init container, as the pod runs it: the vLLM image's python3 is the stock Python here.
-    assert init["command"][0] == "python3"
-    install = subprocess.run(
-        [str(stock_python), *init["command"][1:]],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={"PATH": os.environ["PATH"], "HOME": str(tmp_path)},
-    )
-    assert install.returncode == 0, install.stdout + install.stderr
-    installed = sorted(p.name for p in plugin_dir.iterdir())
-    assert [n for n in installed if n.endswith(".dist-info")] == ["deploykit-0.1.0.dist-info"], installed
+    assert "initContainers" not in spec  # nothing is installed: the wheel is mounted
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "deploykit-plugin"]
+    (item,) = volume["configMap"]["items"]
+    plugin_dir.mkdir()
+    (plugin_dir / item["path"]).write_bytes(base64.b64decode(plugin_map["binaryData"][item["key"]]))
 
     container = spec["containers"][0]
     env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
-    assert env["PYTHONPATH"] == str(plugin_dir) and env["DEPLOYKIT_FIXES"] == FIX
+    assert env["PYTHONPATH"] == str(plugin_dir / item["path"]) and env["DEPLOYKIT_FIXES"] == FIX
     for cache in ("HF_HOME", "VLLM_CACHE_ROOT"):  # the pod's cache volume; not this machine's paths
         env.pop(cache)
     command: list[str] = container["command"]
     assert command[:2] == ["vllm", "serve"]
-    store = f"sqlite:///{tmp_path / 'r.sqlite'}"
     with running_vllm(command[2:], env=env, vllm_command=[str(stock_python), *VLLM_MAIN]) as server:
         status: dict[str, Any] = httpx.get(server.base_url + "/deploykit/status", timeout=60).json()
-        # The chart's `helm test` command, pointed at this server and this store.
-        smoke = pod["spec"]["containers"][0]["command"]
-        smoke_args = smoke[1:]
+        # The chart's `helm test` command, as its pod runs it: the image's python3 (the stock Python, which
+        # has no deploykit and none of deploykit's own dependencies) with the chart's PYTHONPATH.
+        smoke = pod["spec"]["containers"][0]
+        assert smoke["command"][:3] == ["python3", "-m", "deploykit"]
+        smoke_args = smoke["command"][1:]
         smoke_args[smoke_args.index("--url") + 1] = server.base_url
         smoke_args[smoke_args.index("--profile") + 1] = str(
             rendered_chart.parent.parent / "demo-penalties.yaml"
         )
-        result = deploykit_cli(*smoke_args, "--store", store, env=command_env(tmp_path))
+        smoke_env = {e["name"]: e["value"] for e in smoke["env"] if "value" in e}
+        assert smoke_env["PYTHONPATH"] == env["PYTHONPATH"]
+        smoke_env.update(HOME=str(tmp_path), XDG_DATA_HOME=str(tmp_path), PATH=os.environ["PATH"])
+        # The demo profile's builtin model lives in the test session's cache (a pod's profile names a path).
+        smoke_env["DEPLOYKIT_MODEL_CACHE"] = os.environ["DEPLOYKIT_MODEL_CACHE"]
+        result = subprocess.run(
+            [str(stock_python), "-P", *smoke_args], env=smoke_env, capture_output=True, text=True, timeout=600
+        )
     assert status["fixes_requested"] == [FIX]
     assert status["fixes_active"][FIX].startswith("vllm."), status
     assert status["engine"] and all(r["pid"] != status["api_server"]["pid"] for r in status["engine"])
     assert result.returncode == 0, result.stdout + result.stderr
-    (row,) = rows(store)
-    assert row.verdict == "pass" and row.fixes_active == status["fixes_active"]
+    assert "Traceback" not in result.stderr
+
+
+def test_the_charts_url_source_installs_the_wheel_with_require_hashes(
+    stock_python: Path, rendered_chart: Path, tmp_path: Path
+) -> None:
+    """plugin.source=url: the init container's script, run as is by the stock Python's pip."""
+    import hashlib
+
+    wheel = next((rendered_chart / "files").glob("*.whl"))
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    docs = helm_template(
+        rendered_chart,
+        "--set", "plugin.source=url",
+        "--set", f"plugin.url.url=https://wheels.invalid/{wheel.name}",
+        "--set", f"plugin.url.sha256={digest}",
+    )  # fmt: skip
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    (init,) = deployment["spec"]["template"]["spec"]["initContainers"]
+    assert init["command"][:2] == ["sh", "-c"]
+    env = {e["name"]: e["value"] for e in init["env"]}
+    assert env["DEPLOYKIT_WHEEL_SHA256"] == digest
+    # The pod's python3 is the image's: here the stock Python's bin comes first on PATH. Only the URL (a
+    # local file instead of https) and the target directory (the emptyDir) are this machine's.
+    path = f"{stock_python.parent}:{os.environ['PATH']}"
+    for sha, expected in ((digest, 0), ("0" * 64, 1)):
+        target = tmp_path / f"target-{expected}"
+        env.update(
+            DEPLOYKIT_WHEEL_URL=wheel.as_uri(), DEPLOYKIT_WHEEL_SHA256=sha, DEPLOYKIT_TARGET=str(target)
+        )
+        env.update(HOME=str(tmp_path), PATH=path, PIP_NO_INDEX="1")
+        done = subprocess.run(init["command"], env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == expected, done.stdout + done.stderr
+    installed = sorted(p.name for p in (tmp_path / "target-0").iterdir())
+    assert "deploykit" in installed and "vllm_deploykit-0.1.0.dist-info" in installed, installed
+    assert "THESE PACKAGES DO NOT MATCH THE HASHES" in done.stderr
 
 
 @pytest.fixture(autouse=True)

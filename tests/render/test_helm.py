@@ -169,6 +169,22 @@ WRONG_VALUES: list[Callable[[dict[str, Any]], None]] = [
     lambda v: v["probes"]["startup"]["httpGet"].update(path="/v1/models"),
     lambda v: v["shm"].update(sizeLimit="lots"),
     lambda v: v.update(replicas=2),  # a typo of replicaCount
+    lambda v: v.update(imagePullSecrets=["regcred"]),  # a list of {name: ...}
+    lambda v: v.update(nodeSelector={"pool": 1}),
+    lambda v: v.update(podAnnotations="team=ml"),
+    lambda v: v.update(serviceAccountName="Not_A_Name"),
+    lambda v: v["tolerations"].append({"key": "gpu", "operator": "Matches"}),
+    lambda v: v["affinity"].update(nodeAfinity={}),  # a typo
+    lambda v: v["cache"]["persistence"].update(size="big"),
+    lambda v: v["podDisruptionBudget"].update(maxUnavailable="one"),
+    lambda v: v["metrics"]["podMonitor"].update(interval="often"),
+    lambda v: v["plugin"].update(source="pypi"),
+    lambda v: v["plugin"].update(source="index"),  # without index.secretName
+    lambda v: v["plugin"].update(source="url"),  # without url.url and url.sha256
+    lambda v: v["plugin"]["index"].update(requirement="deploykit==0.1.0"),  # another project's name
+    lambda v: v["plugin"]["url"].update(url="http://mirror/vllm_deploykit-0.1.0-py3-none-any.whl"),
+    lambda v: v["plugin"]["wheel"].update(sha256="abc"),
+    lambda v: v.update(progressDeadlineSeconds=0),
 ]
 
 
@@ -303,12 +319,18 @@ def test_gpu_resources_and_shared_memory(charts: dict[str, Chart]) -> None:
         return spec
 
     turing, hopper, cpu = pod(charts["turing"]), pod(charts["hopper"]), pod(charts["cpu"])
-    assert turing["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": 2}}
+    requests = {"cpu": "2", "memory": "8Gi"}  # API server, engine, workers; host memory for loading weights
+    assert turing["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": 2}, "requests": requests}
     assert {"name": "dshm", "mountPath": "/dev/shm"} in turing["containers"][0]["volumeMounts"]
     assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}} in turing["volumes"]
-    assert hopper["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": 1}}
-    assert all(v["name"] != "dshm" for v in hopper["volumes"])  # tensor parallel 1
-    assert cpu["containers"][0]["resources"] == {} and "affinity" not in cpu and "tolerations" not in cpu
+    assert hopper["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": 1}, "requests": requests}
+    # vLLM's engine needs more than the container's 64 MiB even without tensor parallelism (the CPU build
+    # asked for 160 MiB in tests/e2e/test_helm_pod_e2e.py).
+    for spec in (hopper, cpu):
+        assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}} in spec["volumes"]
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in spec["containers"][0]["volumeMounts"]
+    assert cpu["containers"][0]["resources"] == {"requests": {"cpu": "1", "memory": "2Gi"}}
+    assert "affinity" not in cpu and "tolerations" not in cpu
 
 
 def test_probes_cover_model_loading(charts: dict[str, Chart]) -> None:
@@ -320,6 +342,9 @@ def test_probes_cover_model_loading(charts: dict[str, Chart]) -> None:
     # canary.enabled=false brings back these /health ones.
     for probe in ("readiness", "liveness"):
         assert charts["turing"].values["probes"][probe]["httpGet"]["path"] == "/health"
+    # Kubernetes' default progress deadline (600 s) would call a slow, healthy load a failed rollout.
+    window = startup["periodSeconds"] * startup["failureThreshold"]
+    assert charts["turing"].one("Deployment")["spec"]["progressDeadlineSeconds"] > window
 
 
 def node_matches(affinity: dict[str, Any], labels: dict[str, str]) -> bool:
@@ -355,6 +380,8 @@ def test_helm_test_hook_runs_smoke_against_the_service(charts: dict[str, Chart])
     command = pod["spec"]["containers"][0]["command"]
     url = f"http://{service['metadata']['name']}:{service['spec']['ports'][0]['port']}"
     assert command == [
+        "python3",
+        "-m",
         "deploykit",
         "smoke",
         "--url",
@@ -363,10 +390,14 @@ def test_helm_test_hook_runs_smoke_against_the_service(charts: dict[str, Chart])
         "/etc/deploykit/profile.yaml",
         "--expect-fixes",
         "fp32_projection",  # the plan's fixes: a pod without them fails its test
+        "--no-store",
     ]
+    # The vLLM image, with the chart's own wheel: nothing pulled or fetched that the release does not carry.
+    assert pod["spec"]["containers"][0]["image"] == vllm_image(chart)
+    assert {"name": "PYTHONPATH", "value": wheel_path(chart)} in pod["spec"]["containers"][0]["env"]
     env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
     assert env["DEPLOYKIT_API_KEY"]["valueFrom"]["secretKeyRef"]["key"] == "VLLM_API_KEY"
-    config_map = chart.one("ConfigMap")
+    config_map = config_maps(chart)["demo-profile"]
     assert yaml.safe_load(config_map["data"]["profile.yaml"])["name"] == "gemma4-turing"
     deployment = chart.one("Deployment")
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
@@ -432,67 +463,179 @@ def test_plan_shell_systemd_and_chart_agree(
     assert "DEPLOYKIT_FIXES=fp32_projection" in words
 
 
-def plugin_init_container(chart: Chart) -> dict[str, Any]:
-    spec = chart.one("Deployment")["spec"]["template"]["spec"]
-    (init,) = spec["initContainers"]
-    return init
+def vllm_image(chart: Chart) -> str:
+    return f"{chart.values['image']['repository']}:{chart.values['image']['tag']}"
 
 
-def test_fixes_reach_the_pod_through_the_plugin_init_container(charts: dict[str, Chart]) -> None:
-    """The stock vLLM image has no deploykit: an init container of the same image pip-installs the plugin
-    alone (--no-deps) into a volume that the vLLM container mounts and puts on PYTHONPATH."""
+def wheel_path(chart: Chart) -> str:
+    return f"/opt/deploykit/{chart.values['plugin']['wheel']['file']}"
+
+
+def config_maps(chart: Chart, docs: list[dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in (docs or chart.manifests) if d["kind"] == "ConfigMap"}
+
+
+def pod_of(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    spec: dict[str, Any] = deployment["spec"]["template"]["spec"]
+    return spec
+
+
+def test_the_chart_carries_the_plugin_wheel_pinned_by_its_sha256(charts: dict[str, Chart]) -> None:
+    """No index: the wheel travels in a ConfigMap; its digest is pinned in values, checked by the chart and
+    carried by the pod template, so a new wheel rolls the pods."""
+    import base64
+    import hashlib
+
     for name, fixes in (("turing", "fp32_projection"), ("hopper", "matmul_lora")):
         chart = charts[name]
-        spec = chart.one("Deployment")["spec"]["template"]["spec"]
-        init = plugin_init_container(chart)
-        vllm = spec["containers"][0]
-        assert init["image"] == vllm["image"]  # the profile's vLLM image: no hand-made image step
-        assert init["command"] == [
-            "python3",
-            "-m",
-            "pip",
-            "install",
-            "--no-deps",
-            "--no-cache-dir",
-            "--disable-pip-version-check",
-            "--target",
-            "/opt/deploykit",
-            f"deploykit=={chart.values['deploykit']['version']}",
-        ]
-        env = {e["name"]: e.get("value") for e in vllm["env"]}
-        assert env["PYTHONPATH"] == "/opt/deploykit" and env["DEPLOYKIT_FIXES"] == fixes
-        mounts = {m["name"]: m for m in vllm["volumeMounts"]}
-        assert (
-            mounts["deploykit-plugin"]["mountPath"] == "/opt/deploykit"
-            and mounts["deploykit-plugin"]["readOnly"]
+        wheel = chart.values["plugin"]["wheel"]
+        data = base64.b64decode(config_maps(chart)["demo-plugin"]["binaryData"][wheel["file"]])
+        assert data == (chart.root / "files" / wheel["file"]).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == wheel["sha256"]
+        deployment = chart.one("Deployment")
+        assert deployment["spec"]["template"]["metadata"]["annotations"]["deploykit.io/plugin"] == (
+            f"sha256:{wheel['sha256']}"
         )
-        assert init["volumeMounts"] == [{"name": "deploykit-plugin", "mountPath": "/opt/deploykit"}]
-        assert {"name": "deploykit-plugin", "emptyDir": {}} in spec["volumes"]
-        assert chart.one("Pod")["spec"]["containers"][0]["command"][-2:] == ["--expect-fixes", fixes]
+        spec = deployment["spec"]["template"]["spec"]
+        assert "initContainers" not in spec  # nothing to install
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        assert volumes["deploykit-plugin"]["configMap"]["name"] == "demo-plugin"
+        for container in spec["containers"]:  # vLLM and the canary both run deploykit from the wheel
+            env = {e["name"]: e.get("value") for e in container["env"]}
+            assert env["PYTHONPATH"] == wheel_path(chart), container["name"]
+            mounts = {m["name"]: m for m in container["volumeMounts"]}
+            assert mounts["deploykit-plugin"] == {
+                "name": "deploykit-plugin",
+                "mountPath": "/opt/deploykit",
+                "readOnly": True,
+            }
+        vllm = spec["containers"][0]
+        assert {"name": "DEPLOYKIT_FIXES", "value": fixes} in vllm["env"]
+        assert chart.one("Pod")["spec"]["containers"][0]["command"][-3:] == [
+            "--expect-fixes",
+            fixes,
+            "--no-store",
+        ]
 
 
-def test_a_plan_without_fixes_installs_no_plugin_and_expects_none(charts: dict[str, Chart]) -> None:
-    chart = charts["cpu"]
-    spec = chart.one("Deployment")["spec"]["template"]["spec"]
-    assert "initContainers" not in spec
-    assert "PYTHONPATH" not in {e["name"] for e in spec["containers"][0]["env"]}
-    assert chart.one("Pod")["spec"]["containers"][0]["command"][-2:] == ["--expect-fixes", "none"]
-
-
-def test_plugin_index_and_image_are_values(charts: dict[str, Chart]) -> None:
-    """A cluster without PyPI points pip at its own index; a separate installer image is one value away."""
+def test_python_loads_the_plugin_from_the_wheel_alone(charts: dict[str, Chart], tmp_path: Path) -> None:
+    """What vLLM does in the pod: import deploykit from the wheel on PYTHONPATH and find its entry point."""
     chart = charts["turing"]
-    manifests = template(
-        chart.root,
-        "--set-json",
-        'plugin.pipArgs=["--index-url","https://pypi.internal/simple"]',
-        "--set",
-        "plugin.image=python:3.12-slim",
+    wheel = chart.root / "files" / chart.values["plugin"]["wheel"]["file"]
+    probe = (
+        "import json, deploykit, importlib.metadata as m\n"
+        "eps = [e.value for e in m.entry_points(group='vllm.general_plugins') if e.name == 'deploykit']\n"
+        "print(json.dumps([deploykit.__file__, eps, m.version('vllm-deploykit')]))"
     )
-    (deployment,) = [d for d in manifests if d["kind"] == "Deployment"]
-    (init,) = deployment["spec"]["template"]["spec"]["initContainers"]
-    assert init["image"] == "python:3.12-slim"
-    assert init["command"][-3:] == ["--index-url", "https://pypi.internal/simple", init["command"][-1]]
-    for version in KUBERNETES_VERSIONS:
-        for manifest in manifests:
-            kubernetes_validate.validate(manifest, version, strict=True)
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        env={"PYTHONPATH": str(wheel), "PATH": os.environ["PATH"]},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    module_file, entry_points, version = json.loads(done.stdout)
+    assert module_file.startswith(f"{wheel}/deploykit/")
+    assert entry_points == ["deploykit.plugin:register"] and version == chart.values["deploykit"]["version"]
+
+
+def test_a_swapped_wheel_fails_the_chart(charts: dict[str, Chart], tmp_path: Path) -> None:
+    chart = charts["turing"]
+    root = tmp_path / chart.root.name
+    shutil.copytree(chart.root, root)
+    wheel = root / "files" / chart.values["plugin"]["wheel"]["file"]
+    wheel.write_bytes(wheel.read_bytes() + b"tampered")
+    result = run_helm("template", RELEASE, str(root))
+    assert result.returncode != 0 and "does not match plugin.wheel.sha256" in result.stderr, result.stderr
+    wheel.unlink()
+    result = run_helm("template", RELEASE, str(root))
+    assert result.returncode != 0 and "render the chart again" in result.stderr, result.stderr
+
+
+def test_a_plan_without_fixes_still_carries_deploykit_for_the_canary(charts: dict[str, Chart]) -> None:
+    chart = charts["cpu"]
+    spec = pod_of(chart.manifests)
+    vllm, canary = spec["containers"]
+    assert "DEPLOYKIT_FIXES" not in {e["name"] for e in vllm["env"]}  # the plugin loads and applies nothing
+    assert {"name": "PYTHONPATH", "value": wheel_path(chart)} in canary["env"]
+    assert chart.one("Pod")["spec"]["containers"][0]["command"][-3:] == [
+        "--expect-fixes",
+        "none",
+        "--no-store",
+    ]
+
+
+INDEX_SOURCE = ("--set", "plugin.source=index", "--set", "plugin.index.secretName=pip-index")
+URL_SOURCE = (
+    "--set",
+    "plugin.source=url",
+    "--set",
+    "plugin.url.url=https://wheels.internal/vllm_deploykit-0.1.0-py3-none-any.whl",
+    "--set",
+    f"plugin.url.sha256={'a' * 64}",
+)
+
+
+def test_a_private_index_takes_its_url_from_a_secret(charts: dict[str, Chart]) -> None:
+    chart = charts["turing"]
+    docs = template(chart.root, *INDEX_SOURCE)
+    for spec in (pod_of(docs), next(d for d in docs if d["kind"] == "Pod")["spec"]):
+        (init,) = spec["initContainers"]
+        assert init["image"] == vllm_image(chart)
+        assert init["command"][:4] == ["python3", "-m", "pip", "install"] and "--no-deps" in init["command"]
+        assert init["command"][-1] == f"vllm-deploykit=={chart.values['deploykit']['version']}"
+        env = {e["name"]: e for e in init["env"]}
+        assert env["PIP_INDEX_URL"]["valueFrom"]["secretKeyRef"] == {"name": "pip-index", "key": "index-url"}
+        assert {"name": "deploykit-plugin", "emptyDir": {}} in spec["volumes"]
+        assert {"name": "PYTHONPATH", "value": "/opt/deploykit"} in spec["containers"][0]["env"]
+    assert "demo-plugin" not in config_maps(chart, docs)
+
+
+def test_a_wheel_url_is_installed_with_require_hashes(charts: dict[str, Chart]) -> None:
+    docs = template(charts["turing"].root, *URL_SOURCE)
+    (init,) = pod_of(docs)["initContainers"]
+    script = init["command"][2]
+    assert init["command"][:2] == ["sh", "-c"] and "--require-hashes" in script and "--no-deps" in script
+    env = {e["name"]: e.get("value") for e in init["env"]}
+    assert env["DEPLOYKIT_WHEEL_SHA256"] == "a" * 64
+    annotations = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["metadata"]
+    assert annotations["annotations"]["deploykit.io/plugin"] == f"sha256:{'a' * 64}"
+
+
+def test_a_derived_image_needs_no_plugin_volume(charts: dict[str, Chart]) -> None:
+    docs = template(
+        charts["turing"].root,
+        "--set",
+        "plugin.source=image",
+        "--set",
+        "image.repository=registry.internal/vllm-dk",
+    )
+    spec = pod_of(docs)
+    assert "initContainers" not in spec and all(v["name"] != "deploykit-plugin" for v in spec["volumes"])
+    for container in spec["containers"]:
+        assert container["image"].startswith("registry.internal/vllm-dk:")
+        assert "PYTHONPATH" not in {e["name"] for e in container["env"]}
+
+
+def test_every_source_validates_against_kubernetes_schemas(charts: dict[str, Chart]) -> None:
+    for options in (INDEX_SOURCE, URL_SOURCE, ("--set", "plugin.source=image")):
+        for doc in template(charts["hopper"].root, *options):
+            for version in KUBERNETES_VERSIONS:
+                kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_nothing_rendered_names_a_package_or_image_we_do_not_own(charts: dict[str, Chart]) -> None:
+    """The bare PyPI name `deploykit` is another project's; the only image is the plan's vLLM image."""
+    import re
+
+    for name, chart in charts.items():
+        for docs in (chart.manifests, template(chart.root, *INDEX_SOURCE), template(chart.root, *URL_SOURCE)):
+            text = yaml.safe_dump_all(docs)
+            assert not re.search(r"(?<![\w-])deploykit(\[[^\]]*\])?\s*(==|>=|~=|@)", text), name
+            pods = [pod_of(docs), next(d for d in docs if d["kind"] == "Pod")["spec"]]
+            containers = [c for pod in pods for c in [*pod.get("initContainers", []), *pod["containers"]]]
+            assert {c["image"] for c in containers} == {vllm_image(chart)}, name
+        assert chart.values["image"]["tag"] == f"v{chart.plan['vllm_version'].split('+')[0]}", name

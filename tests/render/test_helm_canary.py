@@ -1,5 +1,6 @@
-"""The chart's canary sidecar and the probes that read it: the Service stops routing to a pod whose output
-is corrupt and kubelet restarts vLLM, while a long model load or a busy server trips nothing."""
+"""The chart's canary sidecar and the probes that read its verdict: the Service stops routing to a pod whose
+output is corrupt and kubelet restarts vLLM, while a long model load, a busy server or a broken canary trips
+nothing. The probes' decisions themselves (the failure table) are tested in tests/render/test_pod_probe.py."""
 
 from __future__ import annotations
 
@@ -43,11 +44,12 @@ def test_the_sidecar_runs_deploykit_canary_against_the_local_vllm(charts: dict[s
     canary = found["canary"]
     port = chart.values["port"]
     canary_port = chart.values["canary"]["port"]
-    assert canary["image"] == chart.values["smokeTest"]["image"]  # the deploykit image the smoke test uses
+    assert canary["image"] == found["vllm"]["image"]  # the image the pod pulls anyway, with the chart's wheel
     assert canary["command"] == [
-        "deploykit", "canary", "--url", f"http://127.0.0.1:{port}",
+        "python3", "-m", "deploykit", "canary", "--url", f"http://127.0.0.1:{port}",
         "--profile", "/etc/deploykit/profile.yaml",
         "--listen", f"0.0.0.0:{canary_port}", "--every", "60", "--miss-limit", "5",
+        "--verdict-file", "/run/deploykit/verdict.json", "--no-store",
     ]  # fmt: skip
     assert canary["ports"] == [{"name": "canary", "containerPort": canary_port, "protocol": "TCP"}]
     env = {e["name"]: e for e in canary["env"]}
@@ -55,26 +57,42 @@ def test_the_sidecar_runs_deploykit_canary_against_the_local_vllm(charts: dict[s
     assert "resources" not in canary or "nvidia.com/gpu" not in str(canary["resources"])  # no GPU
     assert canary["securityContext"]["runAsNonRoot"] and canary["securityContext"]["readOnlyRootFilesystem"]
     volumes = {v["name"]: v for v in pod_spec(chart.manifests)["volumes"]}
-    assert volumes["canary-profile"]["configMap"]["name"] == chart.one("ConfigMap")["metadata"]["name"]
+    assert volumes["canary-profile"]["configMap"]["name"] == "demo-profile"
+    # The verdict file: written by the canary, read (only) by the vLLM container's probes.
+    assert volumes["canary-verdict"] == {"name": "canary-verdict", "emptyDir": {}}
+    mounts = {c: {m["name"]: m for m in found[c]["volumeMounts"]} for c in found}
+    assert mounts["canary"]["canary-verdict"] == {"name": "canary-verdict", "mountPath": "/run/deploykit"}
+    assert mounts["vllm"]["canary-verdict"]["readOnly"] is True
 
 
-def test_vllm_probes_read_the_canary_after_the_startup_probe(charts: dict[str, Chart]) -> None:
+def test_vllm_probes_read_the_verdict_file_never_the_canary_port(charts: dict[str, Chart]) -> None:
+    """A sidecar that is missing, crash-looping or slow must not kill vLLM: no probe of the vLLM container
+    talks to the canary. They run in the vLLM container, ask vLLM's /health and read the verdict file."""
     chart = charts["turing"]
     vllm = containers(chart.manifests)["vllm"]
-    canary_port = chart.values["canary"]["port"]
+    port = chart.values["port"]
     startup, readiness, liveness = vllm["startupProbe"], vllm["readinessProbe"], vllm["livenessProbe"]
     # Model loading: vLLM's own /health, for the whole start-up time; the others wait for it.
     assert startup["httpGet"] == {"path": "/health", "port": "http"}
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 1800
-    assert readiness["httpGet"] == {"path": "/healthz", "port": canary_port}
-    assert liveness["httpGet"] == {"path": "/livez", "port": canary_port}
+    for probe, mode in ((readiness, "ready"), (liveness, "live")):
+        assert "httpGet" not in probe
+        assert probe["exec"]["command"] == [
+            "python3", "-m", "deploykit.render.pod_probe", mode,
+            "--health-url", f"http://127.0.0.1:{port}/health",
+            "--verdict-file", "/run/deploykit/verdict.json",
+            "--timeout", "5", "--max-verdict-age", "600",
+        ]  # fmt: skip
+        # The probe asks /health with a 5 s timeout: the kubelet waits longer than that.
+        assert probe["timeoutSeconds"] > 5
+    assert str(chart.values["canary"]["port"]) not in str(readiness) + str(liveness)
     # Out of the Service within ~30 s; restarted after ~60 s of corruption, never on one slow probe.
     assert readiness["periodSeconds"] * readiness["failureThreshold"] <= 30
     assert (
         liveness["failureThreshold"] >= 3 and liveness["periodSeconds"] * liveness["failureThreshold"] >= 60
     )
-    # /livez asks vLLM's /health with a 5 s timeout: the probe waits longer than that.
-    assert liveness["timeoutSeconds"] > 5 and readiness["timeoutSeconds"] >= 5
+    # A verdict the canary has not rewritten for several runs says nothing.
+    assert chart.values["canary"]["verdictMaxAgeSeconds"] >= 5 * chart.values["canary"]["every"]
 
 
 def test_canary_off_restores_the_health_probes_and_drops_the_sidecar(charts: dict[str, Chart]) -> None:
@@ -84,3 +102,4 @@ def test_canary_off_restores_the_health_probes_and_drops_the_sidecar(charts: dic
     assert found["vllm"]["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
     assert found["vllm"]["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
     assert all(not v["name"].startswith("canary") for v in pod_spec(docs)["volumes"])
+    assert "canary-verdict" not in {m["name"] for m in found["vllm"]["volumeMounts"]}

@@ -1,0 +1,125 @@
+"""deploykit as a wheel, built from the deploykit that is running: what a Helm chart carries to its pod.
+
+A chart must not fetch the plugin from an index (the cluster may reach none, and the bare PyPI name
+`deploykit` is another project's). So `render helm` packs the running package into a pure-Python wheel and
+the chart ships it in a ConfigMap. Python imports straight from a wheel on PYTHONPATH (zipimport), and
+`importlib.metadata` reads the entry points in its `.dist-info`, so vLLM finds the plugin with no install
+step.
+
+The wheel is reproducible: the same code gives the same bytes (sorted members, fixed timestamps and
+modes), so its sha256 changes exactly when the code does, and a pod annotation carrying it rolls the pods.
+Nothing here imports torch or vLLM.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import zipfile
+from collections.abc import Iterator
+from importlib import metadata
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from deploykit import DISTRIBUTION, __version__
+from deploykit.paths import PACKAGE_DIR, SHIPPED_DATA, shipped_data_dir
+from deploykit.render.common import RenderError
+
+WHEEL_TAG = "py3-none-any"
+# Kubernetes keeps a ConfigMap in etcd, whose objects are capped at 1 MiB; binaryData is base64 (4/3 the
+# size) beside the chart's other data. Past this the chart could not be installed, so render refuses.
+MAX_WHEEL_BYTES = 700 * 1024
+# 1980-01-01, the earliest time a zip member can carry: no build clock in the bytes.
+_ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
+_PACKAGE_SUFFIXES = (".py", ".typed")
+
+
+class PluginWheel(BaseModel):
+    filename: str
+    data: bytes
+    sha256: str
+
+    @property
+    def size_kib(self) -> float:
+        return len(self.data) / 1024
+
+
+def wheel_filename(version: str = __version__) -> str:
+    """PEP 427's name: the distribution with `-` as `_`, the version, the tag."""
+    return f"{DISTRIBUTION.replace('-', '_')}-{version}-{WHEEL_TAG}.whl"
+
+
+def _package_files(package_dir: Path) -> Iterator[tuple[str, bytes]]:
+    """The import package's code, and its shipped data as `deploykit/_data/...` (as setup.py lays it)."""
+    for path in sorted(package_dir.rglob("*")):
+        relative = path.relative_to(package_dir)
+        code = path.suffix in _PACKAGE_SUFFIXES and relative.parts[0] != "_data"
+        if path.is_file() and code and "__pycache__" not in relative.parts:
+            yield f"deploykit/{relative.as_posix()}", path.read_bytes()
+    for name in SHIPPED_DATA:
+        folder = shipped_data_dir(name, package_dir)
+        if folder is None:
+            raise RenderError(
+                f"deploykit's shipped {name}/ are missing beside {package_dir}; reinstall deploykit"
+            )
+        for path in sorted(folder.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                yield f"deploykit/_data/{name}/{path.relative_to(folder).as_posix()}", path.read_bytes()
+
+
+def _dist_info_files(version: str) -> list[tuple[str, bytes]]:
+    """METADATA and entry_points.txt as installed (so Requires-Dist and the plugin entry point are the
+    package's own), and a WHEEL file of ours; RECORD is added last by the caller."""
+    try:
+        installed = metadata.distribution(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        raise RenderError(
+            f"the plugin wheel needs {DISTRIBUTION}'s metadata, and this Python has none: install deploykit "
+            "(in a checkout: pip install -e .) and render again"
+        ) from None
+    if installed.version != version:
+        raise RenderError(
+            f"installed {DISTRIBUTION} metadata says {installed.version}, the running code {version}: "
+            "reinstall deploykit so both agree"
+        )
+    entry_points = installed.read_text("entry_points.txt") or ""
+    if "deploykit.plugin:register" not in entry_points:
+        raise RenderError(
+            f"{DISTRIBUTION}'s metadata lacks the vllm.general_plugins entry point; reinstall it"
+        )
+    info = f"{DISTRIBUTION.replace('-', '_')}-{version}.dist-info"
+    wheel = f"Wheel-Version: 1.0\nGenerator: deploykit {version}\nRoot-Is-Purelib: true\nTag: {WHEEL_TAG}\n"
+    return [
+        (f"{info}/METADATA", (installed.read_text("METADATA") or "").encode()),
+        (f"{info}/WHEEL", wheel.encode()),
+        (f"{info}/entry_points.txt", entry_points.encode()),
+    ]
+
+
+def _record_line(name: str, data: bytes) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"{name},sha256={digest},{len(data)}"
+
+
+def build_plugin_wheel(package_dir: Path = PACKAGE_DIR, version: str = __version__) -> PluginWheel:
+    """The running deploykit as a reproducible pure-Python wheel."""
+    members = [*_package_files(package_dir), *_dist_info_files(version)]
+    info = members[-1][0].split("/", 1)[0]
+    record = "\n".join([*(_record_line(name, data) for name, data in members), f"{info}/RECORD,,"]) + "\n"
+    members.append((f"{info}/RECORD", record.encode()))
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, data in members:
+            member = zipfile.ZipInfo(name, date_time=_ZIP_EPOCH)
+            member.external_attr = 0o644 << 16
+            member.compress_type = zipfile.ZIP_DEFLATED
+            archive.writestr(member, data, compresslevel=9)
+    data = buffer.getvalue()
+    if len(data) > MAX_WHEEL_BYTES:
+        raise RenderError(
+            f"the plugin wheel is {len(data) // 1024} KiB, over the {MAX_WHEEL_BYTES // 1024} KiB a "
+            "ConfigMap can carry; use plugin.source image (docker/Dockerfile.vllm) instead"
+        )
+    return PluginWheel(filename=wheel_filename(version), data=data, sha256=hashlib.sha256(data).hexdigest())

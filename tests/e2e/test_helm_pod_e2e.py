@@ -1,0 +1,271 @@
+"""The rendered chart's pod, run in a real container runtime with nothing fetched: podman 4.3 `kube play`.
+
+`deploykit render helm` → `helm template` → the Deployment and its ConfigMaps, played offline from an image
+built locally (tools/pod-runtime.sh: a Debian root, no registry). The test changes only what
+tests/e2e/pod_runtime.py lists: the image names (the local image), read-only hostPath volumes for the host's
+vLLM environment, its interpreter and the tiny model, and OnFailure instead of Always where podman 4.3 needs
+it (the pod has no init container with the bundled wheel, so it stays Always). One podman 4.3 limit adds a
+fourth: with host networking (no bridges or firewall rules left on the machine) it refuses any container
+`ports` list ("PortMappings can only be used with Bridge or slirp4netns networking"), so the played copy has
+none; the containers listen on the same port numbers on the host, and the test reads the declared ports from
+the rendered spec. Only the Deployment and the
+ConfigMaps are played: the Service is kube-proxy's and the `helm test` pod needs cluster DNS (its command is
+run from the stock vLLM Python in tests/e2e/test_fix_status_e2e.py).
+
+What it shows:
+  - vLLM loads deploykit from the chart's ConfigMap wheel alone (the module's file is inside the wheel; the
+    host's editable install is not mounted), and `/deploykit/status` lists the planned fix active;
+  - the API key arrives from a Secret: `/deploykit/status` answers 401 without it, 200 with it;
+  - the canary container's command runs, its verdict file says healthy and its `/healthz` answers 200;
+  - the probes' declared ports and paths answer: the startup probe's `/health` on the http port; the
+    liveness exec probe through `podman healthcheck run`; the readiness exec probe run as declared in the
+    vLLM container (podman 4.3 ignores readiness probes);
+  - the failure table in a real pod: canary stopped → vLLM still live and ready; a fresh `corrupt` verdict →
+    live and ready both fail; `unreachable` → ready fails, live passes; a verdict from before vLLM started
+    → both pass.
+What podman 4.3 cannot show (probe timing, restarts on liveness failure, Service routing) stays with the
+`helm template` and schema checks in tests/render.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from deploykit.net import free_port
+from tests.e2e.pod_runtime import (
+    PlayedPod,
+    PodRuntime,
+    add_host_mounts,
+    dump_kube_yaml,
+    pod_spec_of,
+    replace_images,
+    set_restart_policy,
+)
+from tests.e2e.test_serve_e2e import command_env, demo_variant
+from tests.render.test_helm import find_helm
+from tests.vllm_harness import REPO
+
+pytestmark = pytest.mark.e2e
+
+FIX = "device_penalties"
+KEY_ENV = "DK_POD_API_KEY"
+START_TIMEOUT_S = 300.0
+CANARY_TIMEOUT_S = 240.0
+RELEASE = "dk"
+
+
+class ChartPod:
+    """The played pod, its ports, its key, and where the verdict volume lives on the host."""
+
+    def __init__(self, runtime: PodRuntime, pod: PlayedPod, port: int, canary_port: int, key: str) -> None:
+        self.runtime = runtime
+        self.pod = pod
+        self.port = port
+        self.canary_port = canary_port
+        self.key = key
+        self.vllm = next(name for name in pod.containers if name.endswith("-vllm"))
+        self.canary = next(name for name in pod.containers if name.endswith("-canary"))
+        self.deployment: dict[str, Any] = {}
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def container_spec(self, name: str) -> dict[str, Any]:
+        spec = pod_spec_of(self.deployment)
+        found: dict[str, Any] = next(c for c in spec["containers"] if c["name"] == name)
+        return found
+
+    def verdict_source(self) -> Path:
+        """The host directory behind the canary's /run/deploykit (podman's volume for the emptyDir)."""
+        mounts = self.runtime.inspect_raw(self.canary)["Mounts"]
+        (mount,) = [m for m in mounts if m["Destination"] == "/run/deploykit"]
+        return Path(mount["Source"])
+
+    def probe(self, kind: str) -> int:
+        """Run the vLLM container's readiness or liveness command as declared, inside it."""
+        command = self.container_spec("vllm")[f"{kind}Probe"]["exec"]["command"]
+        return self.runtime.exec(self.vllm, command, timeout=60).returncode
+
+
+def render_chart(tmp_path: Path, model_dir: Path, port: int) -> Path:
+    profile = demo_variant(
+        tmp_path,
+        "demo-pod",
+        model__source=str(model_dir),
+        serve__host="0.0.0.0",
+        serve__port=port,
+        serve__api_key_env=KEY_ENV,
+    )
+    out = tmp_path / "chart"
+    done = subprocess.run(
+        [sys.executable, "-m", "deploykit", "render", "helm", "-p", str(profile), "--fix", f"{FIX}=on",
+         "--facts", str(REPO / "tests" / "fixtures" / "facts" / "no-gpu.json"), "--out", str(out)],
+        env=command_env(tmp_path), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return out / "demo-pod"
+
+
+def wait_for(what: str, check: Any, timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(1.0)
+    raise AssertionError(f"{what}: not within {timeout:.0f} s (last: {last!r})")
+
+
+def get(url: str, **kwargs: Any) -> httpx.Response | None:
+    try:
+        return httpx.get(url, timeout=10, **kwargs)
+    except httpx.HTTPError:
+        return None
+
+
+@pytest.fixture(scope="module")
+def chart_pod(
+    pod_runtime: PodRuntime,
+    pod_base_image: str,
+    tiny_model_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[ChartPod]:
+    tmp = tmp_path_factory.mktemp("helm-pod")
+    port, canary_port = free_port(), free_port()
+    chart = render_chart(tmp, tiny_model_dir, port)
+    rendered = subprocess.run(
+        [find_helm(), "template", RELEASE, str(chart),
+         "--set", f"canary.port={canary_port}", "--set", "canary.every=5"],
+        capture_output=True, text=True, check=True, timeout=120,
+    ).stdout  # fmt: skip
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    played = copy.deepcopy([d for d in docs if d["kind"] in ("Deployment", "ConfigMap")])
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    spec = pod_spec_of(next(d for d in played if d["kind"] == "Deployment"))
+    for container in spec["containers"]:
+        container.pop("ports")
+    replace_images(spec, pod_base_image)
+    add_host_mounts(spec, None, extra_dirs=[tiny_model_dir])
+    set_restart_policy(spec)
+    key = base64.b16encode(os.urandom(12)).decode().lower()
+    pod_runtime.secret_create("demo-pod-secrets", {"VLLM_API_KEY": key})
+    yaml_text = dump_kube_yaml(played)
+    (pod,) = pod_runtime.play(yaml_text, timeout=180)
+    running = ChartPod(pod_runtime, pod, port, canary_port, key)
+    running.deployment = deployment
+    # podman creates an emptyDir as root, mode 0755; kubelet creates every emptyDir world-writable (0777),
+    # which is what lets the canary (user 65534) write its verdict there. Done here as kubelet does.
+    running.verdict_source().chmod(0o777)
+
+    def started() -> bool:
+        state = pod_runtime.inspect(running.vllm)
+        assert state.running and state.restart_count == 0, f"vLLM's container ended: {state}"
+        response = get(running.base_url + "/health")
+        return response is not None and response.status_code == 200
+
+    verdict_file = running.verdict_source() / "verdict.json"
+
+    def canary_healthy() -> bool:
+        """The canary judged the server: its first passing run also warmed the engine (the CPU build
+        compiles a kernel on the first logprobs request, and an engine RPC waits behind it)."""
+        try:
+            return bool(json.loads(verdict_file.read_text())["status"] == "healthy")
+        except (OSError, ValueError, KeyError):
+            return False
+
+    try:
+        wait_for("vLLM's /health in the pod", started, START_TIMEOUT_S)
+        wait_for("the canary's healthy verdict", canary_healthy, CANARY_TIMEOUT_S)
+        yield running
+    except BaseException:
+        for name in pod.containers:
+            print(f"--- {name}\n{pod_runtime.logs(name)[-12000:]}")
+        raise
+    finally:
+        pod_runtime.down(yaml_text, timeout=120)
+
+
+def test_the_secret_is_read_by_the_chart_from_its_own_name(chart_pod: ChartPod) -> None:
+    env = {e["name"]: e for e in chart_pod.container_spec("vllm")["env"]}
+    assert env["VLLM_API_KEY"]["valueFrom"]["secretKeyRef"] == {
+        "name": "demo-pod-secrets",
+        "key": "VLLM_API_KEY",
+    }
+
+
+def test_vllm_loads_deploykit_from_the_charts_wheel_and_runs_the_fix(chart_pod: ChartPod) -> None:
+    wheel = next(e["value"] for e in chart_pod.container_spec("vllm")["env"] if e["name"] == "PYTHONPATH")
+    done = chart_pod.runtime.exec(
+        chart_pod.vllm, ["python3", "-c", "import deploykit; print(deploykit.__file__)"], timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"{wheel}/deploykit/__init__.py"  # nothing else offers deploykit there
+    unauthorized = httpx.get(chart_pod.base_url + "/deploykit/status", timeout=30)
+    assert unauthorized.status_code == 401
+    status = httpx.get(
+        chart_pod.base_url + "/deploykit/status",
+        headers={"Authorization": f"Bearer {chart_pod.key}"},
+        timeout=60,
+    ).json()
+    assert status["fixes_requested"] == [FIX]
+    assert str(status["fixes_active"].get(FIX)).startswith("vllm."), json.dumps(status)
+
+
+def test_the_startup_probe_answers_on_its_declared_port_and_path(chart_pod: ChartPod) -> None:
+    startup = chart_pod.container_spec("vllm")["startupProbe"]["httpGet"]
+    ports = {p["name"]: p["containerPort"] for p in chart_pod.container_spec("vllm")["ports"]}
+    response = httpx.get(f"http://127.0.0.1:{ports[startup['port']]}{startup['path']}", timeout=10)
+    assert response.status_code == 200
+
+
+def test_the_canary_runs_and_writes_its_verdict(chart_pod: ChartPod) -> None:
+    verdict = json.loads((chart_pod.verdict_source() / "verdict.json").read_text())
+    assert verdict["status"] == "healthy"  # the fixture waited for it: the canary's runs pass
+    healthz = httpx.get(f"http://127.0.0.1:{chart_pod.canary_port}/healthz", timeout=10)
+    assert healthz.status_code == 200
+    assert chart_pod.runtime.healthcheck_run(chart_pod.vllm) == 0
+    assert chart_pod.probe("readiness") == 0
+
+
+def write_verdict(directory: Path, status: str, mtime: float | None = None) -> None:
+    path = directory / "verdict.json"
+    path.write_text(
+        json.dumps({"status": status, "diagnosis": "written by the test", "written_at": time.time()})
+    )
+    if mtime is not None:
+        os.utime(path, (mtime, mtime))
+
+
+def test_the_failure_table_in_the_pod(chart_pod: ChartPod) -> None:
+    """Stopping the canary first: it would rewrite the verdict the test writes."""
+    runtime, directory = chart_pod.runtime, chart_pod.verdict_source()
+    runtime.podman("stop", "-t", "5", chart_pod.canary, timeout=60)
+    # Canary down, whatever it left behind or nothing at all: vLLM stays live and ready.
+    assert runtime.healthcheck_run(chart_pod.vllm) == 0 and chart_pod.probe("readiness") == 0
+    (directory / "verdict.json").unlink(missing_ok=True)
+    assert runtime.healthcheck_run(chart_pod.vllm) == 0 and chart_pod.probe("readiness") == 0
+    # A fresh corrupt verdict: out of service and restarted.
+    write_verdict(directory, "corrupt")
+    assert runtime.healthcheck_run(chart_pod.vllm) == 1
+    assert chart_pod.probe("liveness") == 1 and chart_pod.probe("readiness") == 1
+    # A verdict about a vLLM process that has since been replaced: ignored.
+    write_verdict(directory, "corrupt", mtime=time.time() - 24 * 3600)
+    assert runtime.healthcheck_run(chart_pod.vllm) == 0 and chart_pod.probe("readiness") == 0
+    # vLLM gave the canary no answer for a while: out of the Service, not restarted.
+    write_verdict(directory, "unreachable")
+    assert chart_pod.probe("liveness") == 0 and chart_pod.probe("readiness") == 1
