@@ -1,0 +1,67 @@
+"""The wheel a chart carries: reproducible, complete, valid, and refused when too big for a release."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from deploykit import DISTRIBUTION, __version__
+from deploykit.render import plugin_wheel
+from deploykit.render.common import RenderError
+from deploykit.render.plugin_wheel import build_plugin_wheel, wheel_filename
+
+
+def test_the_same_code_gives_the_same_bytes() -> None:
+    first, second = build_plugin_wheel(), build_plugin_wheel()
+    assert first.data == second.data and first.sha256 == hashlib.sha256(first.data).hexdigest()
+    assert first.filename == wheel_filename() == f"vllm_deploykit-{__version__}-py3-none-any.whl"
+
+
+def test_the_wheel_holds_the_package_its_data_and_its_entry_point() -> None:
+    with zipfile.ZipFile(io.BytesIO(build_plugin_wheel().data)) as archive:
+        names = set(archive.namelist())
+        info = f"vllm_deploykit-{__version__}.dist-info"
+        assert {"deploykit/__init__.py", "deploykit/plugin.py", "deploykit/render/pod_probe.py"} <= names
+        assert any(n.startswith("deploykit/_data/profiles/") for n in names)
+        assert any(n.startswith("deploykit/_data/templates/helm/") for n in names)
+        assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
+        assert "deploykit.plugin:register" in archive.read(f"{info}/entry_points.txt").decode()
+        assert f"Name: {DISTRIBUTION}" in archive.read(f"{info}/METADATA").decode()
+        # RECORD lists every other member with its digest and size, as pip checks on install.
+        record = archive.read(f"{info}/RECORD").decode().splitlines()
+        listed = {line.split(",")[0]: line.split(",")[1:] for line in record}
+        assert set(listed) == names
+        for name, (digest, size) in listed.items():
+            if name.endswith("RECORD"):
+                continue
+            data = archive.read(name)
+            expected = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            assert (digest, size) == (f"sha256={expected}", str(len(data))), name
+
+
+def test_pip_installs_the_wheel(tmp_path: Path) -> None:
+    """The same bytes serve the `url` source and docker/Dockerfile.vllm: pip must accept them."""
+    import subprocess
+    import sys
+
+    wheel = build_plugin_wheel()
+    path = tmp_path / wheel.filename
+    path.write_bytes(wheel.data)
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--quiet",
+         "--disable-pip-version-check", "--target", str(tmp_path / "t"), str(path)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "t" / "deploykit" / "plugin.py").is_file()
+
+
+def test_a_wheel_too_big_for_a_helm_release_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(plugin_wheel, "MAX_WHEEL_BYTES", 1024)
+    with pytest.raises(RenderError, match=r"KiB, over the 1 KiB .* plugin.source image"):
+        build_plugin_wheel()
