@@ -91,10 +91,15 @@ def _dist_info_files(version: str) -> list[tuple[str, bytes]]:
         raise RenderError(
             f"{DISTRIBUTION}'s metadata lacks the vllm.general_plugins entry point; reinstall it"
         )
+    # A .dist-info has METADATA; the .egg-info an editable install leaves in a checkout (first on sys.path
+    # when Python runs there) has the same headers as PKG-INFO. Without a Name, importlib.metadata breaks.
+    core = installed.read_text("METADATA") or installed.read_text("PKG-INFO") or ""
+    if f"\nName: {DISTRIBUTION}\n" not in f"\n{core}":
+        raise RenderError(f"{DISTRIBUTION}'s installed metadata names no distribution; reinstall it")
     info = f"{DISTRIBUTION.replace('-', '_')}-{version}.dist-info"
     wheel = f"Wheel-Version: 1.0\nGenerator: deploykit {version}\nRoot-Is-Purelib: true\nTag: {WHEEL_TAG}\n"
     return [
-        (f"{info}/METADATA", (installed.read_text("METADATA") or "").encode()),
+        (f"{info}/METADATA", core.encode()),
         (f"{info}/WHEEL", wheel.encode()),
         (f"{info}/entry_points.txt", entry_points.encode()),
     ]

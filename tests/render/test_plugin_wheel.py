@@ -65,3 +65,25 @@ def test_a_wheel_too_big_for_a_helm_release_is_refused(monkeypatch: pytest.Monke
     monkeypatch.setattr(plugin_wheel, "MAX_WHEEL_BYTES", 1024)
     with pytest.raises(RenderError, match=r"KiB, over the 1 KiB .* plugin.source image"):
         build_plugin_wheel()
+
+
+def test_an_egg_info_in_the_checkout_still_gives_a_named_wheel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An editable install leaves `vllm_deploykit.egg-info` (PKG-INFO, no METADATA) in the checkout, first on
+    sys.path when Python runs there: the wheel's METADATA must still carry the headers, or every
+    importlib.metadata scan in the pod fails (it did in a fresh clone's CI run)."""
+    from importlib import metadata
+
+    installed = metadata.distribution(DISTRIBUTION)
+    egg = tmp_path / "vllm_deploykit.egg-info"
+    egg.mkdir()
+    (egg / "PKG-INFO").write_text(installed.read_text("METADATA") or "")
+    (egg / "entry_points.txt").write_text(installed.read_text("entry_points.txt") or "")
+    monkeypatch.setattr(plugin_wheel.metadata, "distribution", lambda name: metadata.PathDistribution(egg))
+    with zipfile.ZipFile(io.BytesIO(build_plugin_wheel().data)) as archive:
+        text = archive.read(f"vllm_deploykit-{__version__}.dist-info/METADATA").decode()
+    assert f"Name: {DISTRIBUTION}\n" in text
+    (egg / "PKG-INFO").write_text(f"Metadata-Version: 2.1\nVersion: {__version__}\n")
+    with pytest.raises(RenderError, match="names no distribution"):
+        build_plugin_wheel()
