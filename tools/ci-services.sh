@@ -75,3 +75,8 @@ echo "ci-services: PostgreSQL ready: postgresql+psycopg://$PG_ROLE:***@127.0.0.1
 # podman and a cached Debian root for the tests that play pods (tests/e2e/pod_runtime.py). It never fails
 # this script: on a machine that cannot run containers it says why, and those tests skip with that reason.
 bash "$(dirname "$0")/pod-runtime.sh" || echo "ci-services: tools/pod-runtime.sh exited $?; the pod tests will skip"
+
+# A cached Debian root with systemd, booted by systemd-nspawn in the tests that install the rendered units
+# under a real systemd (tests/e2e/nspawn_runtime.py). Never fails this script: on a machine where nspawn
+# cannot run it says why, and those tests skip with that reason.
+bash "$(dirname "$0")/nspawn-root.sh" || echo "ci-services: tools/nspawn-root.sh exited $?; the systemd unit tests will skip"

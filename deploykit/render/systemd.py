@@ -32,9 +32,16 @@ _PLAIN_WORD = re.compile(r"^[A-Za-z0-9_@+,./:=-]+$")
 ENV_DIR = "/etc/deploykit"
 # Beyond the profile's start-up time: process start, and the gap between health polls.
 START_TIMEOUT_MARGIN_S = 60
-# The canary unit: its interval and its /healthz, /livez and /metrics listener (loopback only).
+# The canary unit: its interval and its /healthz, /livez and /metrics listener (loopback only), on a port
+# of its own per profile: the server's port + CANARY_PORT_OFFSET (8000 → 9400), so that profiles on distinct
+# server ports get distinct canary ports on one host.
 CANARY_EVERY_S = 60
-CANARY_LISTEN = "127.0.0.1:9400"
+CANARY_HOST = "127.0.0.1"
+CANARY_PORT_OFFSET = 1400
+# Restart storms: at most this many corruption restarts of the server within the window; the next corruption
+# verdict stops it (deploykit/render/on_corruption.py).
+CORRUPTION_MAX_RESTARTS = 3
+CORRUPTION_WINDOW_S = 3600
 
 
 class SystemdOptions(BaseModel):
@@ -121,6 +128,16 @@ def secret_lines(plan: Plan) -> list[SecretLine]:
             why += "; the smoke companion reads it too (--api-key-env VLLM_API_KEY)"
         lines.append(SecretLine(name=key, why=why))
     return lines
+
+
+def canary_listen(loaded: LoadedProfile) -> str:
+    """HOST:PORT of the canary's listener: loopback, the server's port + CANARY_PORT_OFFSET (the server's
+    port - CANARY_PORT_OFFSET when that would pass 65535)."""
+    port = loaded.profile.serve.port
+    canary_port = (
+        port + CANARY_PORT_OFFSET if port + CANARY_PORT_OFFSET <= 65535 else port - CANARY_PORT_OFFSET
+    )
+    return f"{CANARY_HOST}:{canary_port}"
 
 
 def smoke_url(loaded: LoadedProfile) -> str:
@@ -219,11 +236,14 @@ def render_systemd(plan: Plan, loaded: LoadedProfile, options: SystemdOptions) -
     smoke_timeout = int(profile.smoke.timeout_s) * 6 + START_TIMEOUT_MARGIN_S
     canary_unit = f"{unit}-canary"
     canary_argv = [str(bin_dir / "deploykit"), "canary", "--url", url, "--profile", profile_file]
-    canary_argv += ["--every", str(CANARY_EVERY_S), "--listen", CANARY_LISTEN, "--exit-on-corruption"]
+    listen = canary_listen(loaded)
+    canary_argv += ["--every", str(CANARY_EVERY_S), "--listen", listen, "--exit-on-corruption"]
     if "VLLM_API_KEY" in plan.secret_env:
         canary_argv += ["--api-key-env", "VLLM_API_KEY"]
     on_corruption = [str(bin_dir / "python"), "-m", "deploykit.render.on_corruption"]
-    on_corruption += ["--restart", f"{unit}.service"]
+    on_corruption += ["--restart", f"{unit}.service", "--state-dir", state_dir]
+    on_corruption += ["--max-restarts", str(CORRUPTION_MAX_RESTARTS), "--window-s", str(CORRUPTION_WINDOW_S)]
+    on_corruption += ["--profile", profile.name]
     context = {
         "deploykit_version": __version__,
         "profile_name": profile.name,
@@ -252,7 +272,9 @@ def render_systemd(plan: Plan, loaded: LoadedProfile, options: SystemdOptions) -
         "canary_exec": command_line(canary_argv),
         "on_corruption_exec": command_line(on_corruption),
         "canary_every_s": CANARY_EVERY_S,
-        "canary_listen": CANARY_LISTEN,
+        "canary_listen": listen,
+        "corruption_max_restarts": CORRUPTION_MAX_RESTARTS,
+        "corruption_window_s": CORRUPTION_WINDOW_S,
     }
     jinja = jinja_environment()
     files = [

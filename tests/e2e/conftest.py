@@ -1,12 +1,20 @@
-"""Fixtures for the e2e tests that play pods in real podman (tests/e2e/pod_runtime.py)."""
+"""Fixtures for the e2e tests that play pods in real podman (tests/e2e/pod_runtime.py) and that install the
+rendered systemd units under a real systemd in systemd-nspawn (tests/e2e/nspawn_runtime.py)."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from tests.e2e import nspawn_runtime
+from tests.e2e.nspawn_runtime import NspawnMachine
 from tests.e2e.pod_runtime import PodRuntime, host_venv_bin, unavailable_reason
+from tests.vllm_harness import REPO
 
 
 @pytest.fixture(scope="session")
@@ -28,3 +36,34 @@ def pod_runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PodRuntime
 def pod_base_image(pod_runtime: PodRuntime) -> str:
     """The cached Debian root as `localhost/deploykit-pod-base:bookworm`, PATH with this run's venv first."""
     return pod_runtime.import_image("deploykit-pod-base:bookworm", path_prefix=[host_venv_bin()])
+
+
+@pytest.fixture(scope="session")
+def nspawn_machine(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[NspawnMachine]:
+    """The cached Debian root booted with systemd as its PID 1 (systemd-nspawn, --volatile=overlay, its own
+    /tmp, a private network), with this run's venv, its interpreter's prefix, the checkout and a readable
+    copy of the tiny model (`model_cache`: DEPLOYKIT_MODEL_CACHE for rendering) bound read-only at the same
+    paths; skips, with the reason tools/nspawn-root.sh recorded, where
+    nspawn cannot run. Powered off at the end: nothing of it is left running, mounted or written."""
+    workdir = tmp_path_factory.mktemp("nspawn", numbered=True)
+    reason = nspawn_runtime.unavailable_reason(workdir)
+    if reason:
+        pytest.skip(reason)
+    # A system service's user must read the model: the cached tiny model's weights are root's, mode 0600, so
+    # the container gets a world-readable copy, in the checkout's cache (bound with it; not under /tmp, which
+    # the units' PrivateTmp= hides), removed at the end.
+    share = REPO / ".deploykit-cache" / f"nspawn-share-{os.getpid()}"
+    shutil.rmtree(share, ignore_errors=True)
+    shutil.copytree(tiny_model_dir, share / "models" / tiny_model_dir.name)
+    for path in [share, *share.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    binds = [Path(sys.prefix), Path(sys.base_prefix), REPO, share]
+    machine = NspawnMachine(workdir, binds_ro=binds, model_cache=share / "models")
+    try:
+        machine.boot()
+        yield machine
+    finally:
+        try:
+            machine.close()
+        finally:
+            shutil.rmtree(share, ignore_errors=True)

@@ -1,0 +1,500 @@
+"""The units `deploykit render systemd` writes, installed as docs/deploy.md says, under a real systemd (PID 1
+of a systemd-nspawn container: tests/e2e/nspawn_runtime.py). Issue 21, points 1-6.
+
+Two profiles of the demo model, `dk-a` (port 8000, canary 9400) and `dk-b` (port 8001, canary 9401), each on
+the test fault worker (`--worker-cls tests.e2e.fault_worker.FaultWorker`, length trigger off: healthy until
+one request marked `deploykit_test_fault` breaks it for good) and each with an API key from its secrets file.
+Both start side by side; the tests then run in this order, sharing the two servers (3 vLLM starts in all:
+two at the start, one on the corruption restart):
+
+1. each server unit is active only once healthy; its smoke companion ran after it and passed; rows stored;
+5. the two run side by side: their own ports, canary ports, state directories and stores;
+6. hardening in the real run: the service user, writes only to state and cache, the secret in neither ps
+   nor the journal;
+3. a killed canary is restarted by itself and never restarts the server;
+2. a corruption after start-up: the canary exits 3, systemd restarts the server (a new invocation), the
+   smoke passes again, the canary turns healthy again, and the rows say so in order;
+4. a restart storm: with the cap's earlier restarts already in the ledger, the next corruption verdict
+   stops the server and leaves it stopped (journal line, row, no job queued).
+
+What the test changes, all visible here: the secrets file gets values; and one drop-in per unit,
+`ProtectHome=read-only` instead of `yes`, only because this CI's Python lives under /root (pyenv), which
+`ProtectHome=yes` hides: a production prefix lives outside /root and /home. (Home directories stay
+unwritable; they are visible, read-only, in this run.)
+Everything else is the rendered files, installed with the docs' commands. The container has a private
+network: every request is made from inside it (curl, python), to its own loopback. Every wait polls for a
+state with a bound; none sleeps a fixed time.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import secrets
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from deploykit.render.on_corruption import LEDGER_NAME, STAGE_RESTART, STAGE_STOPPED
+from deploykit.render.systemd import CORRUPTION_MAX_RESTARTS
+from tests.e2e.fault_worker import FAULT_KEY, TOKENS_ENV, WORKER_CLS
+from tests.e2e.nspawn_runtime import NspawnMachine, wait_for
+from tests.profile_variants import profile_variant
+from tests.vllm_harness import REPO, STARTUP_TIMEOUT_S
+
+pytestmark = pytest.mark.e2e
+
+USER = "vllm"
+# A start of the tiny model is 20-60 s here, far more when another CI run shares the 2 cores: a bound.
+START_S = max(STARTUP_TIMEOUT_S, 600.0)
+# The canary's interval is the rendered 60 s: a corruption is seen within one interval and one run.
+DETECT_S = 300.0
+CANARY_RESTART_S = 180.0  # RestartSec=30 and the canary's start
+VENV_PYTHON = f"{sys.prefix}/bin/python"
+
+ROWS = """
+import json
+from deploykit.store import open_store
+store = open_store()
+print(json.dumps([[r.command, r.stage, r.verdict, r.diagnosis] for r in reversed(store.recent(limit=100))]))
+store.close()
+"""
+
+
+@dataclass
+class Deployment:
+    """One rendered profile, installed in the container."""
+
+    machine: NspawnMachine
+    name: str
+    port: int
+    canary_port: int
+    api_key: str
+
+    @property
+    def unit(self) -> str:
+        return f"deploykit-{self.name}.service"
+
+    @property
+    def smoke(self) -> str:
+        return f"deploykit-{self.name}-smoke.service"
+
+    @property
+    def canary(self) -> str:
+        return f"deploykit-{self.name}-canary.service"
+
+    @property
+    def state_dir(self) -> str:
+        return f"/var/lib/deploykit-{self.name}"
+
+    def prop(self, unit: str, name: str) -> str:
+        return self.machine.unit_property(unit, name)
+
+    def http_status(self, url: str, *extra: str) -> int:
+        done = self.machine.run(
+            ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "60", *extra, url],
+            check=False,
+            timeout=90,
+        )
+        return int(done.stdout or 0)
+
+    def authorized(self) -> list[str]:
+        # The key from a header file, never on curl's command line (point 6 greps every command line).
+        return ["-H", f"@/run/dk-test/{self.name}.headers"]
+
+    def healthz(self) -> int:
+        return self.http_status(f"http://127.0.0.1:{self.canary_port}/healthz")
+
+    def completion(self, body: dict[str, object]) -> tuple[int, str]:
+        done = self.machine.run(
+            [
+                *("curl", "-s", "-w", "\n%{http_code}", "--max-time", "120", *self.authorized()),
+                *("-H", "Content-Type: application/json", "--data-binary", "@-"),
+                f"http://127.0.0.1:{self.port}/v1/completions",
+            ],
+            input=json.dumps(body),
+            timeout=150,
+        )
+        text, _, code = done.stdout.rpartition("\n")
+        return int(code or 0), text
+
+    def rows(self) -> list[tuple[str, str, str, str]]:
+        """The service's results store, read inside the container as the service user (the store is its)."""
+        if not self.machine.host_path(f"{self.state_dir}/deploykit/results.sqlite").exists():
+            return []
+        done = self.machine.run(
+            ["setpriv", f"--reuid={USER}", f"--regid={USER}", "--init-groups", VENV_PYTHON, "-c", ROWS],
+            env={"XDG_DATA_HOME": self.state_dir, "HOME": self.state_dir},
+            timeout=120,
+        )
+        return [(c, s, v, diagnosis) for c, s, v, diagnosis in json.loads(done.stdout)]
+
+    def story(self) -> list[tuple[str, str, str]]:
+        return [(c, s, v) for c, s, v, _ in self.rows()]
+
+    def journal(self, unit: str) -> str:
+        return self.machine.journal("-b", "-u", unit, "-o", "cat")
+
+    def wait_active(self, what: str) -> None:
+        restarts = self.prop(self.unit, "NRestarts")
+
+        def active() -> bool:
+            state, sub = self.prop(self.unit, "ActiveState"), self.prop(self.unit, "SubState")
+            failed = (
+                state == "failed" or sub == "auto-restart" or self.prop(self.unit, "NRestarts") != restarts
+            )
+            assert not failed, f"{self.unit} failed to start:\n{self.journal(self.unit)[-6000:]}"
+            return state == "active"
+
+        wait_for(active, f"{self.unit} active ({what})", START_S, interval=1.0)
+
+    def wait_smoke_passed(self, after_invocation: str = "") -> None:
+        """The smoke companion ran (a new invocation, when one is given) and ended with success."""
+
+        def done() -> bool:
+            invocation = self.prop(self.smoke, "InvocationID")
+            if not invocation or invocation == after_invocation:
+                return False
+            if self.prop(self.smoke, "ActiveState") in ("activating", "active", "deactivating"):
+                return False
+            return self.prop(self.smoke, "ExecMainStartTimestampMonotonic") not in ("", "0")
+
+        wait_for(done, f"{self.smoke} ran", START_S, interval=1.0)
+        assert self.prop(self.smoke, "Result") == "success", self.journal(self.smoke)[-4000:]
+        assert self.prop(self.smoke, "ExecMainStatus") == "0", self.journal(self.smoke)[-4000:]
+
+    def wait_healthy_canary(self) -> None:
+        wait_for(lambda: self.healthz() == 200, f"{self.canary} /healthz 200", START_S, interval=1.0)
+
+
+def render_and_install(machine: NspawnMachine, out: Path, name: str, port: int) -> Deployment:
+    assert machine.model_cache is not None
+    model_cache = machine.model_cache
+    profile = profile_variant(
+        out,
+        "demo-cpu",
+        {
+            "name": name,
+            "serve.port": port,
+            "serve.api_key_env": "DK_TEST_API_KEY",
+            "serve.extra_args": ["--worker-cls", WORKER_CLS],
+            # the fault worker is imported from the checkout (bound read-only at the same path)
+            "env.PYTHONPATH": str(REPO),
+            "env.DEPLOYKIT_MODEL_CACHE": str(model_cache),
+            f"env.{TOKENS_ENV}": {"secret": TOKENS_ENV},
+        },
+    )
+    rendered = out / f"render-{name}"
+    env = {**os.environ, "DEPLOYKIT_MODEL_CACHE": str(model_cache)}
+    done = subprocess.run(
+        [
+            f"{sys.prefix}/bin/deploykit",
+            "render",
+            "systemd",
+            "--profile",
+            str(profile),
+            "--out",
+            str(rendered),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    api_key = f"dk-test-secret-{secrets.token_hex(16)}"
+    unit = f"deploykit-{name}"
+    # docs/deploy.md's install commands, file by file (the same modes).
+    for suffix in ("", "-smoke", "-canary"):
+        machine.write_file(
+            f"/etc/systemd/system/{unit}{suffix}.service", (rendered / f"{unit}{suffix}.service").read_text()
+        )
+    machine.write_file(f"/etc/deploykit/{name}.yaml", (rendered / f"{name}.yaml").read_text())
+    example = (rendered / f"{name}.env.example").read_text()
+    assert "VLLM_API_KEY=\n" in example and f"{TOKENS_ENV}=\n" in example, example
+    filled = example.replace("VLLM_API_KEY=\n", f"VLLM_API_KEY={api_key}\n").replace(
+        f"{TOKENS_ENV}=\n", f"{TOKENS_ENV}=off\n"
+    )
+    machine.write_file(f"/etc/deploykit/{name}.env", filled, mode=0o600)
+    machine.write_file(f"/etc/sysusers.d/{unit}.conf", (rendered / f"{unit}.sysusers.conf").read_text())
+    machine.run(["systemd-sysusers"])
+    prefix = Path(sys.base_prefix)
+    if any(prefix.is_relative_to(home) for home in (Path("/root"), Path("/home"))):
+        for suffix in ("", "-smoke", "-canary"):
+            machine.write_file(
+                f"/etc/systemd/system/{unit}{suffix}.service.d/50-test-python-under-root.conf",
+                "# Test only: this CI's Python prefix lives under /root, which ProtectHome=yes hides.\n"
+                "[Service]\nProtectHome=read-only\n",
+            )
+    machine.write_file(f"/run/dk-test/{name}.headers", f"Authorization: Bearer {api_key}\n", mode=0o600)
+    return Deployment(machine, name, port, port + 1400, api_key)
+
+
+@pytest.fixture(scope="module")
+def deployments(
+    nspawn_machine: NspawnMachine, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Deployment, Deployment]]:
+    out = tmp_path_factory.mktemp("systemd-units")
+    a = render_and_install(nspawn_machine, out, "dk-a", 8000)
+    b = render_and_install(nspawn_machine, out, "dk-b", 8001)
+    nspawn_machine.systemctl("daemon-reload")
+    for d in (a, b):
+        nspawn_machine.systemctl("enable", d.canary)  # WantedBy= the server: starts with it
+        nspawn_machine.systemctl("enable", d.unit)
+    for d in (a, b):  # side by side: both start jobs queued at once
+        nspawn_machine.systemctl("start", "--no-block", d.unit)
+    try:
+        yield a, b
+    finally:
+        for d in (a, b):
+            nspawn_machine.systemctl("stop", d.unit, check=False, timeout=180)
+
+
+def two_rows(d: Deployment) -> bool:
+    return len(d.rows()) >= 2
+
+
+# --- 1. active means healthy; the smoke companion runs after it and passes; the row is stored -------------
+
+
+def test_server_unit_active_means_healthy_and_its_smoke_passes(
+    deployments: tuple[Deployment, Deployment],
+) -> None:
+    for d in deployments:
+        d.wait_active("first start")
+        assert d.http_status(f"http://127.0.0.1:{d.port}/health") == 200
+        d.wait_smoke_passed()
+        # ordered after the server: the smoke's process started once the server was active (healthy)
+        server_active = int(d.prop(d.unit, "ActiveEnterTimestampMonotonic"))
+        smoke_started = int(d.prop(d.smoke, "ExecMainStartTimestampMonotonic"))
+        assert 0 < server_active <= smoke_started, (server_active, smoke_started)
+        assert "healthy after" in d.journal(d.unit)
+        d.wait_healthy_canary()
+        wait_for(functools.partial(two_rows, d), f"{d.name}: the smoke's and the canary's rows", 120)
+        # the smoke companion and the canary both start once the server is active: either row may be first
+        assert sorted(d.story()) == [("canary", "state:healthy", "pass"), ("smoke", "done", "pass")], d.rows()
+
+
+# --- 5. two profiles side by side -------------------------------------------------------------------------
+
+
+def test_two_profiles_run_side_by_side(deployments: tuple[Deployment, Deployment]) -> None:
+    a, b = deployments
+    for d in deployments:
+        d.wait_active("side by side")
+        code, text = d.completion({"model": "tiny", "prompt": "hello", "max_tokens": 4, "temperature": 0})
+        assert code == 200, text
+        assert d.healthz() == 200
+    assert a.prop(a.unit, "MainPID") != b.prop(b.unit, "MainPID")
+    listening = a.machine.run(["ss", "-Hltn"]).stdout
+    for port in (a.port, b.port, a.canary_port, b.canary_port):
+        assert f"127.0.0.1:{port} " in listening, listening
+    # state directories (and so the results stores) are each profile's own
+    assert a.prop(a.unit, "StateDirectory") == "deploykit-dk-a"
+    assert b.prop(b.unit, "StateDirectory") == "deploykit-dk-b"
+    for d in deployments:
+        assert d.machine.host_path(f"{d.state_dir}/deploykit/results.sqlite").is_file()
+        assert d.prop(d.canary, "StateDirectory") == f"deploykit-{d.name}"
+
+
+# --- 6. the hardening holds in the real run ---------------------------------------------------------------
+
+
+def service_processes(d: Deployment, unit: str) -> list[tuple[int, str]]:
+    """(pid, user) of every process in the unit's cgroup, as the container sees them."""
+    out = d.machine.run(["ps", "-e", "-o", "pid=,user=,unit="]).stdout
+    return [
+        (int(p), u) for p, u, un in (line.split(None, 2) for line in out.splitlines()) if un.strip() == unit
+    ]
+
+
+def test_hardening_holds_in_the_real_run(deployments: tuple[Deployment, Deployment]) -> None:
+    a, b = deployments
+    machine = a.machine
+    a.wait_active("hardening")
+    processes = service_processes(a, a.unit)
+    assert len(processes) >= 2, processes  # the API server and vLLM's engine core
+    assert {user for _, user in processes} == {USER}, processes
+    assert {user for _, user in service_processes(a, a.canary)} == {USER}
+    main_pid = int(a.prop(a.unit, "MainPID"))
+    uid = machine.run(["id", "-u", USER]).stdout.strip()
+
+    def can_write(path: str) -> bool:
+        """A file created inside the server's own mount namespace, as its user (no capabilities)."""
+        script = 'echo x >"$1" && rm -f "$1"'
+        done = machine.run(
+            [
+                "nsenter",
+                "-t",
+                str(main_pid),
+                "-m",
+                "-S",
+                uid,
+                "-G",
+                uid,
+                "--",
+                "sh",
+                "-c",
+                script,
+                "sh",
+                path,
+            ],
+            check=False,
+        )
+        return done.returncode == 0
+
+    assert can_write(f"{a.state_dir}/.dk-write-probe")
+    assert can_write("/var/cache/deploykit/.dk-write-probe")
+    # Directories the service user may write by their owner and mode, so only the sandbox stops it: the other
+    # profile's state directory (same user) and one made for this check.
+    owned = "/srv/dk-owned-by-the-service-user"
+    machine.run(["install", "-d", "-o", USER, "-g", USER, "-m", "0755", owned])
+    as_user = ["setpriv", f"--reuid={USER}", f"--regid={USER}", "--init-groups", "sh", "-c"]
+    machine.run([*as_user, f'echo x >"{owned}/.outside" && echo x >"{b.state_dir}/.outside"'])
+    for path in (
+        owned,
+        b.state_dir,
+        "/etc",
+        "/usr/local",
+        "/var/lib",
+        "/opt",
+        "/root",
+        "/var/log",
+        str(REPO),
+    ):
+        assert not can_write(f"{path}/.dk-write-probe"), path
+    # /tmp is writable but its own (PrivateTmp=yes): a file there is not in the container's /tmp
+    assert can_write("/tmp/.dk-private-probe")
+    machine.run(
+        ["nsenter", "-t", str(main_pid), "-m", "-S", uid, "-G", uid, "--", "touch", "/tmp/.dk-private-probe"]
+    )
+    assert machine.run(["test", "-e", "/tmp/.dk-private-probe"], check=False).returncode == 1
+
+    # the secret works (the server read it) ...
+    body = {"model": "tiny", "prompt": "hi", "max_tokens": 2}
+    assert a.http_status(f"http://127.0.0.1:{a.port}/v1/models") == 401
+    assert a.http_status(f"http://127.0.0.1:{a.port}/v1/models", *a.authorized()) == 200
+    assert a.completion(body)[0] == 200
+    # ... and appears in no command line and nowhere in the journal (every field of every entry since boot)
+    command_lines = machine.run(["ps", "-e", "-ww", "-o", "args="]).stdout
+    assert "vllm serve" in command_lines.replace("/bin/vllm serve", "vllm serve") and len(command_lines) > 200
+    journal = machine.journal("-b", "-o", "verbose")
+    for d in deployments:
+        assert d.api_key not in command_lines
+        assert d.api_key not in journal
+    assert len(journal) > 10_000  # the journal does hold the services' output
+
+
+# --- 3. a killed canary restarts itself, never the server -------------------------------------------------
+
+
+def test_killed_canary_restarts_itself_never_the_server(deployments: tuple[Deployment, Deployment]) -> None:
+    _, b = deployments
+    b.wait_active("canary kill")
+    b.wait_healthy_canary()
+    server_invocation = b.prop(b.unit, "InvocationID")
+    server_pid = b.prop(b.unit, "MainPID")
+    canary_pid = b.prop(b.canary, "MainPID")
+    restarts = int(b.prop(b.canary, "NRestarts"))
+    b.machine.systemctl("kill", "--signal=SIGKILL", b.canary)
+
+    def restarted() -> bool:
+        return (
+            int(b.prop(b.canary, "NRestarts")) == restarts + 1
+            and b.prop(b.canary, "ActiveState") == "active"
+            and b.prop(b.canary, "MainPID") not in ("0", canary_pid)
+        )
+
+    wait_for(restarted, f"{b.canary} restarted by systemd", CANARY_RESTART_S, interval=1.0)
+    b.wait_healthy_canary()
+    assert b.prop(b.unit, "InvocationID") == server_invocation
+    assert b.prop(b.unit, "MainPID") == server_pid
+    assert b.prop(b.unit, "NRestarts") == "0"
+    assert f"canary ended (killed KILL): not a corruption verdict, {b.unit} left alone" in b.journal(b.canary)
+    assert [row for row in b.story() if row[1] != "state:healthy" and row[0] != "smoke"] == [], b.rows()
+
+
+# --- 2. a corruption after start-up restarts the server through the canary --------------------------------
+
+TRIGGER = {"model": "tiny", "prompt": "hello", "max_tokens": 2, "vllm_xargs": {FAULT_KEY: "corrupt"}}
+
+
+def test_corruption_restarts_the_server_and_the_canary_turns_healthy(
+    deployments: tuple[Deployment, Deployment],
+) -> None:
+    a, _ = deployments
+    a.wait_active("before the corruption")
+    a.wait_healthy_canary()
+    first = a.prop(a.unit, "InvocationID")
+    smoke_before = a.prop(a.smoke, "InvocationID")
+    rows_before = a.story()
+    assert sorted(rows_before) == [("canary", "state:healthy", "pass"), ("smoke", "done", "pass")], (
+        rows_before
+    )
+
+    code, text = a.completion(TRIGGER)  # HTTP 200 and /health 200 all the same
+    assert code == 200, text
+    assert a.http_status(f"http://127.0.0.1:{a.port}/health") == 200
+
+    wait_for(
+        lambda: a.prop(a.unit, "InvocationID") != first, f"{a.unit} restarted (new invocation)", DETECT_S, 1.0
+    )
+    a.wait_active("after the corruption restart")
+    a.wait_smoke_passed(after_invocation=smoke_before)
+    a.wait_healthy_canary()
+    wait_for(lambda: len(a.rows()) >= 6, "the rows after the restart", 120)
+    story = a.story()
+    assert story[2:4] == [("canary", "state:corrupt", "fail"), ("canary", STAGE_RESTART, "fail")], a.rows()
+    assert sorted(story[4:]) == [("canary", "state:healthy", "pass"), ("smoke", "done", "pass")], a.rows()
+    corrupt = a.rows()[2][3]
+    assert "NaN" in corrupt or "special/pad token" in corrupt, corrupt
+    canary_log = a.journal(a.canary)
+    assert f"restarting {a.unit} (corruption restart 1 of at most {CORRUPTION_MAX_RESTARTS}" in canary_log
+    ledger = a.machine.host_path(f"{a.state_dir}/{LEDGER_NAME}").read_text().split()
+    assert len(ledger) == 1, ledger
+
+
+# --- 4. restart storms are bounded ------------------------------------------------------------------------
+
+
+def test_restart_storm_stops_the_server_instead_of_looping(
+    deployments: tuple[Deployment, Deployment],
+) -> None:
+    a, _ = deployments
+    a.wait_active("before the storm")
+    a.wait_healthy_canary()
+    machine = a.machine
+    ledger_path = f"{a.state_dir}/{LEDGER_NAME}"
+    recorded = machine.host_path(ledger_path).read_text().split()
+    assert len(recorded) == 1, recorded  # the real restart of the test above
+    # The cap's other restarts, as if they had happened minutes ago (3 real vLLM restarts would take minutes).
+    now = float(machine.run(["date", "+%s"]).stdout)
+    earlier = [f"{now - 120 * (i + 1):.3f}" for i in range(CORRUPTION_MAX_RESTARTS - 1)]
+    machine.write_file(ledger_path, "\n".join([*earlier, *recorded]) + "\n")
+    invocation = a.prop(a.unit, "InvocationID")
+    rows_before = len(a.rows())
+
+    code, text = a.completion(TRIGGER)
+    assert code == 200, text
+
+    wait_for(
+        lambda: a.prop(a.unit, "ActiveState") == "inactive", f"{a.unit} stopped at the cap", DETECT_S, 1.0
+    )
+    # the canary ended with its verdict (exit 3: "failed", not restarted by itself), the server stopped
+    wait_for(
+        lambda: a.prop(a.canary, "ActiveState") in ("inactive", "failed"), f"{a.canary} stopped", 120, 1.0
+    )
+    assert a.prop(a.canary, "ExecMainStatus") == "3"
+    assert a.machine.systemctl("list-jobs", "--no-legend").strip() == ""  # nothing queued: no loop
+    assert a.prop(a.unit, "InvocationID") == invocation  # never started again
+    assert a.prop(a.unit, "SubState") == "dead"
+    assert "leaving it stopped, no restart loop" in a.journal(a.canary)
+    assert a.story()[rows_before:] == [("canary", "state:corrupt", "fail"), ("canary", STAGE_STOPPED, "fail")]
+    stopped = a.rows()[-1][3]
+    assert f"after {CORRUPTION_MAX_RESTARTS} corruption restarts" in stopped, stopped
+    assert len(machine.host_path(ledger_path).read_text().split()) == CORRUPTION_MAX_RESTARTS
