@@ -231,6 +231,15 @@ def render_and_install(machine: NspawnMachine, out: Path, name: str, port: int) 
                 "# Test only: this CI's Python prefix lives under /root, which ProtectHome=yes hides.\n"
                 "[Service]\nProtectHome=read-only\n",
             )
+    checkout = REPO.resolve()
+    if any(checkout.is_relative_to(tmp) for tmp in (Path("/tmp"), Path("/var/tmp"))):
+        for suffix in ("", "-smoke", "-canary"):
+            machine.write_file(
+                f"/etc/systemd/system/{unit}{suffix}.service.d/51-test-checkout-under-tmp.conf",
+                "# Test only: this checkout (its venv, the model copy) lives under a temporary directory,\n"
+                "# which PrivateTmp=yes replaces; bind it back, read-only. /tmp stays private otherwise.\n"
+                f"[Service]\nBindReadOnlyPaths={checkout}\n",
+            )
     machine.write_file(f"/run/dk-test/{name}.headers", f"Authorization: Bearer {api_key}\n", mode=0o600)
     return Deployment(machine, name, port, port + 1400, api_key)
 

@@ -78,7 +78,8 @@ def test_an_egg_info_in_the_checkout_still_gives_a_named_wheel(
     installed = metadata.distribution(DISTRIBUTION)
     egg = tmp_path / "vllm_deploykit.egg-info"
     egg.mkdir()
-    (egg / "PKG-INFO").write_text(installed.read_text("METADATA") or "")
+    # In a fresh clone the installed metadata found first may itself be that egg-info (PKG-INFO).
+    (egg / "PKG-INFO").write_text(installed.read_text("METADATA") or installed.read_text("PKG-INFO") or "")
     (egg / "entry_points.txt").write_text(installed.read_text("entry_points.txt") or "")
     monkeypatch.setattr(plugin_wheel.metadata, "distribution", lambda name: metadata.PathDistribution(egg))
     with zipfile.ZipFile(io.BytesIO(build_plugin_wheel().data)) as archive:
