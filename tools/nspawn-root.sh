@@ -108,48 +108,9 @@ command -v systemd-nspawn >/dev/null || not_ready "systemd-nspawn is not on PATH
 command -v nsenter >/dev/null || not_ready "nsenter (util-linux) is not on PATH"
 
 # --- the Debian root --------------------------------------------------------------------------------------
-# The machine's own Debian mirrors (the same reading of sources.list(.d) as tools/pod-runtime.sh).
-debian_mirrors() {
-  local files=() etc=${DEPLOYKIT_APT_ETC:-/etc/apt}
-  [ -f "$etc/sources.list" ] && files+=("$etc/sources.list")
-  for f in "$etc"/sources.list.d/*.list "$etc"/sources.list.d/*.sources; do
-    [ -f "$f" ] && files+=("$f")
-  done
-  [ ${#files[@]} -gt 0 ] || return 0
-  awk '
-    function emit(uris, suites,   nu, ns, u, s, i, j) {
-      nu = split(uris, u, /[ \t]+/); ns = split(suites, s, /[ \t]+/)
-      for (i = 1; i <= nu; i++) for (j = 1; j <= ns; j++) {
-        if (u[i] == "" || s[j] == "") continue
-        if (s[j] ~ /^[a-z]+-security$/ || s[j] ~ /^[a-z]+\/updates$/) { if (!sec) sec = u[i] }
-        else if (s[j] ~ /^[a-z]+(-updates)?$/ && u[i] ~ /\/debian(\/|$)/) { if (!main) main = u[i] }
-      }
-    }
-    function flush() { if (enabled && types ~ /(^|[ \t])deb([ \t]|$)/) emit(uris, suites); reset() }
-    function reset() { types = ""; uris = ""; suites = ""; enabled = 1 }
-    BEGIN { reset() }
-    FNR == 1 { flush(); deb822 = (FILENAME ~ /\.sources$/) }
-    /^[ \t]*#/ { next }
-    !deb822 {
-      line = $0; sub(/\[[^]]*\]/, "", line); n = split(line, w, /[ \t]+/)
-      k = (w[1] == "") ? 2 : 1
-      if (w[k] == "deb") emit(w[k + 1], w[k + 2])
-      next
-    }
-    /^[ \t]*$/ { flush(); next }
-    /^[ \t]/ { next }
-    {
-      key = tolower($0); sub(/:.*/, "", key); val = $0; sub(/^[^:]*:[ \t]*/, "", val)
-      if (key == "types") types = val; else if (key == "uris") uris = val
-      else if (key == "suites") suites = val; else if (key == "enabled") enabled = (tolower(val) != "no")
-    }
-    END {
-      flush()
-      if (main) { print "deb " main " '"$SUITE"' main"; print "deb " main " '"$SUITE"'-updates main" }
-      if (sec) print "deb " sec " '"$SUITE"'-security main"
-    }
-  ' "${files[@]}"
-}
+# The machine's own Debian mirrors: debian_mirrors, shared with the other root-building script.
+# shellcheck source=tools/debian-mirrors.sh
+. "$(dirname "${BASH_SOURCE[0]}")/debian-mirrors.sh"
 
 work=""
 cleanup_work() { [ -n "$work" ] && rm -rf --one-file-system "$work"; return 0; }
