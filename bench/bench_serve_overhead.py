@@ -71,8 +71,9 @@ def baseline(port: int, log_dir: Path) -> dict[str, float]:
     from deploykit.plan import make_plan
     from deploykit.probe.load import probe
     from deploykit.profile.load import load_profile
-    from deploykit.serve.helpers import child_environment, resolve_executable, with_port
+    from deploykit.serve.helpers import resolve_executable, with_port
     from deploykit.serve.launch import start_server
+    from deploykit.serve.stages import launch_environment
     from deploykit.smoke import derive_cases, smoke_requests
 
     loaded = load_profile("demo-cpu")
@@ -82,7 +83,7 @@ def baseline(port: int, log_dir: Path) -> dict[str, float]:
     started = time.perf_counter()
     server = start_server(
         argv,
-        child_environment(plan, os.environ),
+        launch_environment(plan, os.environ),
         log_path=log_dir / "baseline.log",
         host="127.0.0.1",
         port=port,

@@ -39,8 +39,9 @@ def untraced(max_tokens: int, log_dir: Path) -> dict[str, float]:
     from deploykit.plan import make_plan
     from deploykit.probe.load import probe
     from deploykit.profile.load import load_profile
-    from deploykit.serve.helpers import child_environment, resolve_executable
+    from deploykit.serve.helpers import resolve_executable
     from deploykit.serve.launch import start_server
+    from deploykit.serve.stages import launch_environment
     from deploykit.smoke import smoke_requests
     from deploykit.trace.run import send_cases, trace_argv, trace_cases
 
@@ -49,7 +50,7 @@ def untraced(max_tokens: int, log_dir: Path) -> dict[str, float]:
     plan = make_plan(loaded, probe(), {})
     port = free_port()
     argv = resolve_executable(trace_argv(plan.argv, port))
-    env = child_environment(plan, os.environ)
+    env = launch_environment(plan, os.environ)
     server = start_server(argv, env, log_path=log_dir / f"untraced-{port}.log", host="127.0.0.1", port=port)
     try:
         server.wait_healthy(loaded.profile.deploy.startup_timeout_s, poll_s=0.2)
@@ -101,9 +102,11 @@ def plugin_cost(runs: int = 5) -> dict[str, float | bool]:
     unset; is any trace module (or torch) imported, and how long does register() take?"""
     code = (
         "import sys, time\n"
-        "from deploykit import plugin\n"
-        "t = time.perf_counter(); plugin.register(); dt = time.perf_counter() - t\n"
-        "print(dt, any(m.startswith('deploykit.trace') for m in sys.modules), 'torch' in sys.modules)\n"
+        "from deploykit.vllm_plugin import entry\n"
+        "t = time.perf_counter(); entry.register(); dt = time.perf_counter() - t\n"
+        "prefixes = ('deploykit.trace', 'deploykit.vllm_plugin.trace')\n"
+        "traced = any(m.startswith(prefixes) for m in sys.modules)\n"
+        "print(dt, traced, 'torch' in sys.modules)\n"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("DEPLOYKIT_TRACE", "DEPLOYKIT_FIXES")}
     env["PYTHONPATH"] = str(REPO)

@@ -1,21 +1,20 @@
 """deploykit's errors: one root, `DeploykitError`, with the process exit code and a one-line message,
 and a family per pipeline stage. The classes modules raise subclass their family (the profile loader's
 `ProfileError` is a `deploykit.errors.ProfileError`), so one handler (`deploykit.cli.app.main`) turns any
-of them into a code and a line, never a traceback.
+of them into a code and a line, never a traceback. Every code is one of `deploykit.exit_codes`.
 
 A message names the input it is about (the file, URL, flag or value) and the way out.
 """
 
 from __future__ import annotations
 
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
+from deploykit import exit_codes
 
 
 class DeploykitError(Exception):
     """The root of every error deploykit reports to a person."""
 
-    exit_code: int = EXIT_FAILURE
+    exit_code: int = exit_codes.FAILED
 
     @property
     def message(self) -> str:
@@ -54,31 +53,31 @@ def missing_package_message(
 class UsageError(DeploykitError):
     """The command line asks for something that cannot be done."""
 
-    exit_code = EXIT_USAGE
+    exit_code = exit_codes.USAGE
 
 
 class ProfileError(DeploykitError):
     """A profile cannot be found, read or validated."""
 
-    exit_code = EXIT_USAGE
+    exit_code = exit_codes.USAGE
 
 
 class FactsError(DeploykitError):
     """GPU facts (a saved probe file) cannot be used."""
 
-    exit_code = EXIT_USAGE
+    exit_code = exit_codes.USAGE
 
 
 class PlanError(DeploykitError):
     """A plan cannot be made or has errors (vLLM's own parser refusing the argv among them)."""
 
-    exit_code = EXIT_USAGE
+    exit_code = exit_codes.USAGE
 
 
 class RenderError(DeploykitError):
     """A plan cannot be rendered as a systemd unit or Helm chart, or its files cannot be written."""
 
-    exit_code = EXIT_USAGE
+    exit_code = exit_codes.USAGE
 
 
 class StoreError(DeploykitError):
@@ -91,6 +90,13 @@ class LaunchError(DeploykitError):
 
 class SmokeError(DeploykitError):
     """The smoke requests could not be run."""
+
+
+class CanaryError(DeploykitError):
+    """`deploykit canary` cannot check its server: a bad option or listen address, an API key not set, or a
+    URL that is not the vLLM server it should check."""
+
+    exit_code = exit_codes.USAGE
 
 
 class FixError(DeploykitError):

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import re
 
+SHOWN_ON_FAILURE = 12
+"""How many of vLLM's last log lines a failure shows (in its message, its row, on the terminal)."""
+
 _NOISE = (
     re.compile(r"^nanobind: leaked \d+ (instances|types|functions)!"),
     re.compile(r"^\s*- leaked (instance|type|function) "),
@@ -32,6 +35,6 @@ def meaningful_lines(text: str) -> list[str]:
     return [line for line in lines if not is_noise(line)]
 
 
-def tail(text: str, max_lines: int) -> str:
-    """The last `max_lines` meaningful lines of `text`."""
+def tail(text: str, max_lines: int = SHOWN_ON_FAILURE) -> str:
+    """The last `max_lines` meaningful lines of `text` (by default the ones a failure shows)."""
     return "\n".join(meaningful_lines(text)[-max_lines:])

@@ -7,14 +7,22 @@ import shlex
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from deploykit import __version__, net
+from deploykit.advisories import (
+    Advice,
+    AdvisoryOutcome,
+    FixCall,
+    Verdict,
+    advise,
+    deployment_facts,
+    mode_errors,
+)
 from deploykit.fixes import FIX_NAMES as FIX_NAMES  # `--fix NAME=...` checks names against these
 from deploykit.fixes import load_fix
-from deploykit.fixes.base import Decision, DecisionInputs, FixDecision
-from deploykit.fixes.penalties import effective_runner
-from deploykit.plugin import ENV_VAR as FIXES_ENV_VAR
+from deploykit.fixes.base import Decision, DecisionInputs, FixDecision, effective_runner
+from deploykit.plugin_contract import FIXES_ENV as FIXES_ENV_VAR
 from deploykit.probe.facts import GpuFacts, ProbeFacts
 from deploykit.profile.schema import BUILTIN_PREFIX, FixMode, LoadedProfile, Profile, SecretRef
 from deploykit.vllm_compat import TESTED_VLLM, is_cpu_build, version_in_range
@@ -38,8 +46,13 @@ _TYPED_FLAGS = {
     "--max-lora-rank": "serve.lora.max_lora_rank",
     "--max-loras": "serve.lora.max_loras",
     "--api-key": "serve.api_key_env",
-    "--logits-processors": "fixes.device_penalties",
 }
+
+
+def _owned_flags() -> dict[str, str]:
+    """Each flag the profile's typed settings own → that setting; a fix's LAUNCH_FLAGS are `fixes.NAME`'s."""
+    fix_flags = {flag: f"fixes.{name}" for name in FIX_NAMES for flag in load_fix(name).LAUNCH_FLAGS}
+    return {**_TYPED_FLAGS, **fix_flags}
 
 
 class ProfileRef(BaseModel):
@@ -85,6 +98,26 @@ class Plan(BaseModel):
     validation: ArgvValidation = Field(
         default_factory=lambda: ArgvValidation(status="skipped", detail="not run")
     )
+    advisories: list[AdvisoryOutcome] = Field(
+        default_factory=list,
+        description="known-bad combinations that apply (`deploykit advisories`) and what the plan did",
+    )
+    # Every advisory's verdict with its reasons (`deploykit advisories --profile`); not serialised.
+    _verdicts: list[Verdict] = PrivateAttr(default_factory=list)
+
+    @property
+    def applied_advisories(self) -> list[str]:
+        """Advisories whose workaround (or deploykit fix) is in this launch."""
+        return [a.id for a in self.advisories if a.outcome in ("applied", "fixed", "in_place")]
+
+    @property
+    def advisory_summary(self) -> list[str]:
+        """`id (outcome)` for each advisory that applies: what `profiles list` shows."""
+        return [f"{a.id} ({a.outcome})" for a in self.advisories]
+
+    @property
+    def verdicts(self) -> list[Verdict]:
+        return self._verdicts
 
     @property
     def enabled_fixes(self) -> list[str]:
@@ -281,6 +314,10 @@ def build_argv(profile: Profile, model_path: str, enabled: list[str], inputs: De
     return argv
 
 
+NAN_COUNTER_ENV = "VLLM_COMPUTE_NANS_IN_LOGITS"
+"""Makes vLLM count requests with NaN logits (`vllm:corrupted_requests`), which the canary reads."""
+
+
 def build_env(profile: Profile, enabled: list[str]) -> tuple[dict[str, str], dict[str, str]]:
     env: dict[str, str] = {}
     secrets: dict[str, str] = {}
@@ -296,6 +333,9 @@ def build_env(profile: Profile, enabled: list[str]) -> tuple[dict[str, str], dic
         secrets["VLLM_API_KEY"] = profile.serve.api_key_env
     if profile.serve.model_runner != "auto":
         env["VLLM_USE_V2_MODEL_RUNNER"] = "1" if profile.serve.model_runner == "v2" else "0"
+    if profile.serve.count_nan_logits:
+        # vLLM counts requests with NaN logits for the canary; a value the profile's env gives wins.
+        env.setdefault(NAN_COUNTER_ENV, "1")
     if enabled:
         env[FIXES_ENV_VAR] = ",".join(enabled)
     return env, secrets
@@ -303,12 +343,11 @@ def build_env(profile: Profile, enabled: list[str]) -> tuple[dict[str, str], dic
 
 def _extra_arg_conflicts(profile: Profile) -> list[str]:
     errors = []
+    owned = _owned_flags()
     for arg in profile.serve.extra_args:
         flag = arg.split("=", 1)[0]
-        if flag in _TYPED_FLAGS:
-            errors.append(
-                f"serve.extra_args sets {flag}; use the profile field `{_TYPED_FLAGS[flag]}` instead"
-            )
+        if flag in owned:
+            errors.append(f"serve.extra_args sets {flag}; use the profile field `{owned[flag]}` instead")
         if flag in ("--api-key", "--hf-token"):
             errors.append(f"serve.extra_args must not carry {flag}: secrets never go in argv")
     return errors
@@ -366,6 +405,22 @@ def _disabled_but_called_for(
     return warnings
 
 
+def _plugins_exclude_deploykit(profile: Profile, enabled: list[str]) -> str | None:
+    """vLLM loads only the plugins VLLM_PLUGINS names, when it is set: one that leaves deploykit's out
+    while a fix is on would serve without the fix, silently."""
+    from deploykit.plugin_contract import ENTRY_POINT_NAME
+
+    value = profile.env.get("VLLM_PLUGINS")
+    if not enabled or not isinstance(value, str):
+        return None
+    if ENTRY_POINT_NAME in [name.strip() for name in value.split(",")]:
+        return None
+    return (
+        f"env VLLM_PLUGINS={value!r} leaves out deploykit's plugin, so vLLM would run without the planned "
+        f"fixes ({', '.join(enabled)}): add {ENTRY_POINT_NAME} to it, or remove VLLM_PLUGINS from the profile"
+    )
+
+
 def make_plan(
     loaded: LoadedProfile,
     facts: ProbeFacts,
@@ -388,6 +443,9 @@ def make_plan(
     exposure = unauthenticated_exposure(profile)
     if exposure:
         warnings.append(exposure)
+    plugins = _plugins_exclude_deploykit(profile, enabled)
+    if plugins:
+        warnings.append(plugins)
     for decision in decisions:
         if decision.decision is Decision.IMPOSSIBLE:
             if decision.mode is FixMode.ON:
@@ -405,39 +463,76 @@ def make_plan(
             "build: the GPUs would go unused; plan with the facts of a host that runs a CUDA vLLM"
         )
     runner = effective_runner(inputs)
-    if profile.serve.model_runner == "v1" and "device_penalties" in enabled:
-        warnings.append(
-            "the profile selects vLLM's V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0) for device_penalties"
-        )
+    for decision in decisions:
+        warnings += load_fix(decision.name).plan_warnings(inputs, decision)
     env, secrets = build_env(profile, enabled)
-    return Plan(
+    argv = build_argv(profile, model_path, enabled, inputs)
+    advice = plan_advice(profile, facts, inputs, (argv, env), decisions, runner)
+    plan = Plan(
         profile=ProfileRef(name=profile.name, id=loaded.id, path=str(loaded.path)),
         facts=facts,
         requires=requires,
         fixes=decisions,
-        argv=build_argv(profile, model_path, enabled, inputs),
-        env=env,
+        argv=advice.argv,
+        env=advice.env,
         secret_env=secrets,
         model_path=model_path,
         vllm_version=inputs.vllm_version,
         platform=inputs.platform,
         model_runner=runner,
-        warnings=warnings,
-        errors=errors,
+        warnings=[*warnings, *advice.warnings],
+        errors=[*errors, *advice.errors],
+        advisories=advice.outcomes,
     )
+    plan._verdicts = advice.verdicts
+    return plan
+
+
+def plan_advice(
+    profile: Profile,
+    facts: ProbeFacts,
+    inputs: DecisionInputs,
+    launch: tuple[list[str], dict[str, str]],
+    decisions: list[FixDecision],
+    runner: str,
+) -> Advice:
+    """The advisories (deploykit.advisories) judged on this launch's argv and env, and acted on."""
+    argv, env = launch
+    calls = {}
+    for decision in decisions:
+        auto = load_fix(decision.name).decide(inputs, FixMode.AUTO)
+        enabled = decision.decision is Decision.ENABLED
+        calls[decision.name] = FixCall(
+            called_for=auto.decision is Decision.ENABLED, reason=auto.reason, enabled=enabled
+        )
+    deployment = deployment_facts(
+        facts,
+        argv=argv,
+        env=env,
+        vllm_version=inputs.vllm_version,
+        platform=inputs.platform,
+        gpu_count=profile.requires.gpu_count,
+        architectures=inputs.model_architectures,
+        checkpoint_dtype=inputs.checkpoint_dtype,
+        model_config=read_local_config(argv[2]) if len(argv) > 2 else {},
+        penalties=profile.workload.penalties,
+        model_runner=runner,
+    )
+    advice = advise(deployment, argv, env, profile.advisories, calls)
+    advice.errors += mode_errors(profile.advisories)
+    return advice
 
 
 def validate_plan(plan: Plan, cache_dir: Path | None = None) -> None:
-    """Check the argv as the installed vLLM's parser would, without importing vLLM; record the outcome.
-
-    The first check per vLLM version reads vLLM's parser in a child process and caches its option
-    table (deploykit.vllm_options); later checks cost a few milliseconds.
+    """Check the argv as the parser of the vLLM the plan targets would, without importing vLLM; record
+    the outcome. Against that release's shipped option table (deploykit.vllm_options; a few milliseconds),
+    or, for an installed vLLM without one, its parser read once in a child process and cached.
     """
     from deploykit.vllm_args import ArgvRejected
     from deploykit.vllm_options import OptionTableUnavailable, check_serve_argv
 
     try:
-        verdict = check_serve_argv(plan.argv, cache_dir)
+        verdict = check_serve_argv(plan.argv, cache_dir, vllm_version=plan.vllm_version)
     except ArgvRejected as exc:
         plan.validation = ArgvValidation(status="error", detail=str(exc))
         plan.errors.append(f"vLLM's own parser rejects the launch: {exc}")

@@ -1,11 +1,32 @@
-"""Shared fixtures. Tiny models are built once per machine (cached); each real vLLM server is shared
-by the tests of a session, because a start costs 20–60 s on a 2-core machine."""
+"""Shared fixtures, and the test tiers.
+
+Fixtures: tiny models are built once per machine (cached); each real vLLM server is shared by the tests of
+a session, because a start costs 20–60 s on a 2-core machine.
+
+Tiers: a test that needs a vLLM server, imports vLLM (or torch), builds a wheel, or runs podman,
+systemd-nspawn or helm carries a marker for it (pyproject.toml lists them). `pytest --fast` (`make check`)
+runs every other test; plain `pytest` (`make test`) runs them all. The markers are applied here wherever a
+test's place or fixtures tell, so a new test is classified without its author knowing; a module marks the
+rest itself. Under --fast the tier also guards itself: a test that imports vLLM or starts one of those
+tools without its marker fails and names the marker, and collecting must not import vLLM or torch.
+"""
 
 from __future__ import annotations
 
+import ast
+import collections
+import functools
+import inspect
 import os
-from collections.abc import Iterator
+import subprocess
+import sys
+import textwrap
+import traceback
+from collections.abc import Iterator, Sequence
+from importlib.abc import MetaPathFinder
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -28,3 +49,278 @@ def tiny_vllm(tiny_model_dir: Path) -> Iterator[RunningServer]:
     """One plain vLLM serving the tiny model, without any deploykit fix."""
     with running_vllm(tiny_serve_args(tiny_model_dir)) as server:
         yield server
+
+
+# --- the tiers ------------------------------------------------------------------------------------------
+
+SLOW_MARKERS = ("vllm_server", "vllm_import", "wheel_build", "external_tool")
+# A test that uses one of these fixtures needs what the marker names.
+FIXTURE_MARKERS: dict[str, str] = {
+    "tiny_vllm": "vllm_server",
+    "charts": "external_tool",  # rendered Helm charts, linted and templated by helm
+    "platform_docs": "external_tool",
+    "target_install": "wheel_build",
+    "pod_runtime": "external_tool",
+    "pod_base_image": "external_tool",
+    "nspawn_machine": "external_tool",
+}
+HEAVY_MODULES = ("vllm", "torch")
+TOOL_MARKERS = {"helm": "external_tool", "podman": "external_tool", "systemd-nspawn": "external_tool"}
+PIP_BUILDS = {"wheel", "install", "download"}
+SETUP_BUILDS = {"sdist", "bdist_wheel", "bdist", "install"}
+# Longer than this in the fast tier is worth a look (the whole tier should stay under 60 s on 2 cores).
+SLOW_IN_FAST_TIER_S = 5.0
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--fast",
+        action="store_true",
+        help="the fast tier (`make check`): leave out tests marked " + ", ".join(SLOW_MARKERS),
+    )
+
+
+def is_e2e_path(path: Path) -> bool:
+    """tests/e2e/ and any `*_e2e.py`: real vLLM starts."""
+    inside = path.relative_to(REPO).parts[:2] if path.is_relative_to(REPO) else ()
+    return "e2e" in inside or path.name.endswith("_e2e.py")
+
+
+def markers_for(item: pytest.Item) -> set[str]:
+    """What a test's place, markers, module imports and fixtures say it needs."""
+    needed = {FIXTURE_MARKERS[name] for name in getattr(item, "fixturenames", ()) if name in FIXTURE_MARKERS}
+    if is_e2e_path(item.path) or item.get_closest_marker("e2e") is not None:
+        needed.add("vllm_server")
+    if item.path.suffix == ".py" and heavy_at_import(item.path):
+        needed.add("vllm_import")
+    if any(_imports_heavy(function) for function in _functions_run(item)):
+        needed.add("vllm_import")
+    return needed
+
+
+def _functions_run(item: pytest.Item) -> list[Any]:
+    """The test function and the functions of every fixture it uses."""
+    functions = [getattr(item, "function", None)]
+    info = getattr(item, "_fixtureinfo", None)
+    for name in getattr(item, "fixturenames", ()):
+        functions += [definition.func for definition in (info.name2fixturedefs.get(name, ()) if info else ())]
+    return [f for f in functions if f is not None]
+
+
+@functools.cache
+def _imports_heavy(function: Any) -> bool:
+    """An `import torch` / `from vllm ...` anywhere in the function's own source."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    except (OSError, TypeError, SyntaxError):
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names = [node.module or ""]
+        else:
+            continue
+        if any(name.partition(".")[0] in HEAVY_MODULES for name in names):
+            return True
+    return False
+
+
+@functools.cache
+def heavy_at_import(path: Path) -> str:
+    """Why importing a test module imports vLLM or torch ("" when it does not), read from its source
+    without importing it: a module-level import or `importorskip` of either, or of a tests/ helper that
+    does, or a module-level `pytestmark` naming a slow marker."""
+    try:
+        tree = ast.parse(path.read_text(), str(path))
+    except (OSError, SyntaxError):
+        return ""
+    for node in _module_level(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "importorskip" and node.args:
+            names = [str(getattr(node.args[0], "value", ""))]
+        elif isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in node.targets):
+            marks = {n.attr for n in ast.walk(node.value) if isinstance(n, ast.Attribute)}
+            if marks & set(SLOW_MARKERS):
+                return f"{path.name}: pytestmark {', '.join(sorted(marks & set(SLOW_MARKERS)))}"
+        for name in names:
+            if name.partition(".")[0] in HEAVY_MODULES:
+                return f"{path.name} imports {name}"
+            helper = _test_helper_file(name)
+            if helper is not None and helper != path and heavy_at_import(helper):
+                return f"{path.name} imports {name}: {heavy_at_import(helper)}"
+    return ""
+
+
+def _module_level(tree: ast.Module) -> Iterator[ast.AST]:
+    """The nodes that run when the module is imported (function bodies do not)."""
+    pending = collections.deque[ast.AST](tree.body)
+    while pending:
+        node = pending.popleft()
+        yield node
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            pending.extend(node.orelse)
+        elif not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            pending.extend(ast.iter_child_nodes(node))
+
+
+def _test_helper_file(module: str) -> Path | None:
+    if module.partition(".")[0] != "tests":
+        return None
+    base = REPO.joinpath(*module.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--fast"):
+        fast = "not (" + " or ".join(SLOW_MARKERS) + ")"
+        expression = config.option.markexpr
+        config.option.markexpr = f"({expression}) and {fast}" if expression else fast
+        finder = _HeavyImportSpy()
+        sys.meta_path.insert(0, finder)
+        config.stash[_SPY] = finder
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """--fast does not even import the modules that would import torch or vLLM: e2e, and any whose
+    source imports either at module level (or is marked slow as a whole)."""
+    if not config.getoption("--fast"):
+        return None
+    if is_e2e_path(collection_path):
+        return True
+    if collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
+        return bool(heavy_at_import(collection_path)) or None
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for marker in sorted(markers_for(item)):
+            item.add_marker(marker)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """--fast: collecting must not have imported vLLM or torch. The tests of the module that did (all
+    tests, when it was no test module) fail with the reason: a failure, unlike a usage error, reaches
+    the terminal from pytest-xdist's workers too."""
+    if not session.config.getoption("--fast"):
+        return
+    imported = heavy_imported()
+    if imported:
+        spy = session.config.stash[_SPY]
+        culprit = spy.first.get(imported[0], "")
+        where = f"by {culprit}" if culprit else "before collection began: tests/conftest.py's imports"
+        message = (
+            f"--fast: collecting the tests imported {', '.join(imported)} ({where}); import it inside "
+            "the test and mark the test vllm_import"
+        )
+        if session.config.option.collectonly:  # no test runs to carry it
+            raise pytest.UsageError(message)
+        session.config.stash[_COLLECTION_FAILURE] = (Path(culprit) if culprit else None, message)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    return (yield from _guarded(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    return (yield from _guarded(item))
+
+
+def _guarded(item: pytest.Item) -> Iterator[None]:
+    """In the fast tier: no vLLM or torch import, no podman/nspawn/helm, no wheel build."""
+    if not item.config.getoption("--fast"):
+        return (yield)
+    culprit, failure = item.config.stash.get(_COLLECTION_FAILURE, (None, ""))
+    if failure and culprit in (None, item.path):
+        pytest.fail(failure)
+    before = set(heavy_imported())
+    original = subprocess.Popen
+    subprocess.Popen = _guarded_popen(original)  # type: ignore[misc,assignment]
+    try:
+        result = yield
+    finally:
+        subprocess.Popen = original  # type: ignore[misc]
+    imported = [name for name in heavy_imported() if name not in before]
+    if imported:
+        pytest.fail(f"{item.nodeid} imports {', '.join(imported)}: mark it vllm_import (it is not --fast)")
+    return result
+
+
+def heavy_imported() -> list[str]:
+    """vLLM and torch when really imported (a test's stand-in module in sys.modules has no file)."""
+    return [name for name in HEAVY_MODULES if getattr(sys.modules.get(name), "__file__", None)]
+
+
+def needed_for_argv(argv: Sequence[str]) -> tuple[str, str] | None:
+    """(marker, what) when a command line runs an external tool or builds or installs a wheel."""
+    names = [Path(str(arg)).name for arg in argv]
+    if names and names[0] in TOOL_MARKERS:
+        return TOOL_MARKERS[names[0]], names[0]
+    if ("pip" in names or (names and names[0].startswith("pip"))) and PIP_BUILDS & set(names):
+        return "wheel_build", "pip " + next(n for n in names if n in PIP_BUILDS)
+    if "setup.py" in names and SETUP_BUILDS & set(names):
+        return "wheel_build", "setup.py " + next(n for n in names if n in SETUP_BUILDS)
+    return None
+
+
+def _guarded_popen(original: type[subprocess.Popen[Any]]) -> type[subprocess.Popen[Any]]:
+    class GuardedPopen(original):  # type: ignore[valid-type,misc]
+        def __init__(self, args: Any, *rest: Any, **kwargs: Any) -> None:
+            argv = [args] if isinstance(args, str | bytes | os.PathLike) else list(args)
+            words = [os.fsdecode(a) if isinstance(a, str | bytes | os.PathLike) else str(a) for a in argv]
+            if kwargs.get("shell") and isinstance(args, str):
+                words = args.split()
+            needed = needed_for_argv(words)
+            if needed is not None:
+                marker, what = needed
+                self._child_created = False  # Popen.__del__ reads it; no child was started
+                pytest.fail(f"this test runs {what}: mark it {marker} (it is not --fast)")
+            super().__init__(args, *rest, **kwargs)
+
+    return GuardedPopen
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """--fast: name the tests of the tier that took longest, so a slow newcomer is marked in time."""
+    if not config.getoption("--fast"):
+        return
+    totals: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if isinstance(report, pytest.TestReport):
+                totals[report.nodeid] = totals.get(report.nodeid, 0.0) + report.duration
+    slow = sorted(((s, n) for n, s in totals.items() if s > SLOW_IN_FAST_TIER_S), reverse=True)
+    if slow:
+        terminalreporter.write_sep("-", f"fast-tier tests over {SLOW_IN_FAST_TIER_S:.0f} s (mark them?)")
+        for seconds, nodeid in slow:
+            terminalreporter.write_line(f"{seconds:6.1f} s  {nodeid}")
+
+
+class _HeavyImportSpy(MetaPathFinder):
+    """Remembers which file first imported vLLM or torch, for the collection guard's message."""
+
+    def __init__(self) -> None:
+        self.first: dict[str, str] = {}
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None) -> None:
+        top = fullname.partition(".")[0]
+        if top in HEAVY_MODULES and top not in self.first:
+            files = [frame.filename for frame in traceback.extract_stack()]
+            ours = [f for f in files if f.startswith(str(REPO)) and "/.venv/" not in f and f != __file__]
+            self.first[top] = ours[-1] if ours else ""
+        return None
+
+
+_SPY = pytest.StashKey[_HeavyImportSpy]()
+_COLLECTION_FAILURE = pytest.StashKey[tuple[Path | None, str]]()

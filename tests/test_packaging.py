@@ -101,6 +101,7 @@ def test_a_target_install_renders_a_systemd_unit(target_install: Path, tmp_path:
     assert "ExecStart=" in unit
 
 
+@pytest.mark.wheel_build
 def test_the_sdist_carries_the_shipped_data(tmp_path: Path) -> None:
     source = _source_copy(tmp_path)
     result = subprocess.run(

@@ -226,10 +226,9 @@ def test_cli_profiles_list_judges_each_profile() -> None:
     assert rows["gemma4-turing"]["status"] in ("compatible", "compatible_with_warnings")
     assert rows["gemma4-turing"]["enabled_fixes"] == ["fp32_projection"]
     assert rows["qwen-lora-hopper"]["status"] == "incompatible"
-    # t4.json's vLLM 0.33.0 is outside the tested range: a warning, the only one the CPU demo gets
-    assert rows["demo-cpu"]["status"] == "compatible_with_warnings"
-    [reason] = rows["demo-cpu"]["reasons"]
-    assert reason.startswith(f"vLLM 0.33.0 is outside the range {TESTED_IN}; {UNPROVEN}")
+    # t4.json's vLLM 0.33.0 is inside the tested range (issue 25): nothing to warn the CPU demo about
+    assert rows["demo-cpu"]["status"] == "compatible"
+    assert not any(TESTED_IN in r for r in rows["demo-cpu"]["reasons"])
 
 
 def test_matmul_lora_on_the_cpu_build_and_refused_with_fully_sharded_loras(tmp_path: Path) -> None:
@@ -265,10 +264,11 @@ def version_warnings(plan: Plan) -> list[str]:
         ("gemma4-turing", "t4", "0.32.0", True),
         ("gemma4-turing", "t4", "0.32.7", True),
         ("demo-cpu", "no-gpu", "0.32.0+cpu", True),  # the CPU build this suite runs: +cpu is no matter
+        ("gemma4-turing", "t4", "0.33.0", True),  # issue 25: 0.33 is tested (tests/vllm_releases)
         ("gemma4-turing", "t4", "0.31.4", False),  # below
-        ("gemma4-turing", "t4", "0.33.0", False),  # above: 0.33 is not proven yet
-        ("gemma4-turing", "t4", "0.33.0rc1", False),  # a release candidate of 0.33 is not 0.32
-        ("demo-cpu", "no-gpu", "0.33.0+cpu", False),
+        ("gemma4-turing", "t4", "0.34.0", False),  # above: 0.34 is not proven yet
+        ("gemma4-turing", "t4", "0.34.0rc1", False),  # a release candidate of 0.34 is not 0.33
+        ("demo-cpu", "no-gpu", "0.34.0+cpu", False),
     ],
 )
 def test_plan_warns_when_the_target_vllm_is_outside_the_tested_range(
@@ -311,14 +311,16 @@ def test_an_unknown_target_vllm_version_is_one_warning(vllm_version: str | None,
     assert [w for w in plan.warnings if "vLLM" in w and "version" in w] == [warning]  # said once
 
 
-def test_cli_plan_warns_about_an_untested_vllm_in_json_and_text() -> None:
-    """Through the real command: t4.json names vLLM 0.33.0, outside the range; a warning, so exit 0."""
-    t4 = str(FACTS_DIR / "t4.json")
+def test_cli_plan_warns_about_an_untested_vllm_in_json_and_text(tmp_path: Path) -> None:
+    """Through the real command: t4.json's facts with vLLM 0.34.0, outside the range; a warning, so exit 0."""
+    t4_path = tmp_path / "t4-0.34.json"
+    t4_path.write_text(facts("t4", "0.34.0").model_dump_json())
+    t4 = str(t4_path)
     as_json = _deploykit("plan", "-p", "gemma4-turing", "--facts", t4, "--no-validate", "-f", "json")
     assert as_json.returncode == 0, as_json.stderr
     data = json.loads(as_json.stdout)
-    assert data["vllm_version"] == "0.33.0"
-    expected = f"vLLM 0.33.0 is outside the range {TESTED_IN}; {UNPROVEN}"
+    assert data["vllm_version"] == "0.34.0"
+    expected = f"vLLM 0.34.0 is outside the range {TESTED_IN}; {UNPROVEN}"
     assert [w for w in data["warnings"] if w.startswith(expected)] == [data["warnings"][0]]
     as_text = _deploykit("plan", "-p", "gemma4-turing", "--facts", t4, "--no-validate")
     assert as_text.returncode == 0, as_text.stderr

@@ -11,7 +11,8 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-from deploykit.cli import canary, fixes, plan, probe, profiles, render, serve, trace
+from deploykit import exit_codes
+from deploykit.cli import advisories, canary, fixes, plan, probe, profiles, render, serve, trace
 from deploykit.errors import DeploykitError, UsageError
 
 
@@ -46,6 +47,7 @@ class _ReportingGroup(TyperGroup):
     ) -> Any:
         """A command-line mistake (unknown option, value out of range, missing argument) is one line
         too, like every other user error, instead of Typer's usage banner and boxed message."""
+        plain_help(self)
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, False, windows_expand_args, **extra)
         try:
@@ -54,8 +56,20 @@ class _ReportingGroup(TyperGroup):
             sys.exit(report_usage_error(exc))
         except typer.Abort:
             typer.echo("deploykit: aborted", err=True)
-            sys.exit(1)
-        sys.exit(code if isinstance(code, int) else 0)
+            sys.exit(exit_codes.FAILED)
+        sys.exit(code if isinstance(code, int) else exit_codes.OK)
+
+
+def plain_help(command: Any) -> None:
+    """Click's help layout for the command and everything under it: Typer's rich option table squeezed
+    to 80 columns cut the longest option names (`--max-restarts-per-…`); click's layout puts a long name
+    on its own line, whole, and wraps the help to the terminal, at most 80 columns. A command's line in
+    its group's list is its help's whole first paragraph (click would cut it at the first sentence)."""
+    command.rich_markup_mode = None
+    for subcommand in getattr(command, "commands", {}).values():
+        if subcommand.short_help is None and subcommand.help:
+            subcommand.short_help = " ".join(subcommand.help.strip().split("\n\n")[0].split())
+        plain_help(subcommand)
 
 
 def report_usage_error(exc: typer.TyperException) -> int:
@@ -80,7 +94,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 # Registration order is the order `deploykit --help` lists the commands in (groups after commands).
-for group in (profiles, probe, plan, fixes, serve, render, canary, trace):
+for group in (profiles, probe, plan, advisories, fixes, serve, render, canary, trace):
     group.register(app)
 
 
@@ -88,7 +102,7 @@ def main() -> None:
     try:
         app()
     except KeyboardInterrupt:
-        sys.exit(130)
+        sys.exit(exit_codes.INTERRUPTED)
     finally:
         # Results are stored and output flushed by now. Without this the interpreter's last garbage
         # collection walks every object of every module imported (SQLAlchemy, httpx, pydantic): ~0.2 s

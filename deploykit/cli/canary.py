@@ -6,6 +6,10 @@ from typing import Annotated
 
 import typer
 
+from deploykit import exit_codes
+from deploykit.canary import defaults
+from deploykit.cli.options import WholeNumber, seconds
+
 
 def canary(
     url: Annotated[str, typer.Option("--url", help="The server's base URL, e.g. http://127.0.0.1:8000")],
@@ -17,11 +21,24 @@ def canary(
         typer.Option("--model", help="The served model name (default: the profile's, else the first)."),
     ] = None,
     every: Annotated[
-        float, typer.Option("--every", min=0.1, help="Seconds between runs (start to start).")
-    ] = 60.0,
+        float,
+        typer.Option(
+            "--every", parser=seconds(0.1), help="Seconds between runs (start to start), at least 0.1."
+        ),
+    ] = defaults.EVERY_S,
+    metrics_every: Annotated[
+        float,
+        typer.Option(
+            "--metrics-every",
+            parser=seconds(0.0),
+            help="Seconds between reads of the server's /metrics for vLLM's NaN counter "
+            "(vllm:corrupted_requests, on with VLLM_COMPUTE_NANS_IN_LOGITS=1): /healthz turns 503 as soon as "
+            "it grows, between runs. 0: off.",
+        ),
+    ] = defaults.METRICS_EVERY_S,
     listen: Annotated[
         str, typer.Option("--listen", help="HOST:PORT for /healthz (200 right, 503 wrong) and /metrics.")
-    ] = "127.0.0.1:9400",
+    ] = defaults.LISTEN,
     store: Annotated[
         str | None,
         typer.Option(
@@ -32,25 +49,38 @@ def canary(
     api_key_env: Annotated[
         str | None, typer.Option("--api-key-env", help="Environment variable holding the API key.")
     ] = None,
-    timeout: Annotated[float | None, typer.Option("--timeout", help="Seconds per request.")] = None,
+    timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--timeout",
+            parser=seconds(0.0, low_open=True),
+            help=f"Seconds per request (default: the profile's, else {defaults.REQUEST_TIMEOUT_S:g}).",
+        ),
+    ] = None,
     miss_limit: Annotated[
         int,
-        typer.Option("--miss-limit", min=1, help="Runs in a row without an answer before /healthz says 503."),
-    ] = 5,
+        typer.Option(
+            "--miss-limit",
+            parser=WholeNumber(1, 1_000_000),
+            help="Runs in a row without an answer before /healthz says 503.",
+        ),
+    ] = defaults.MISS_LIMIT,
     exit_on_corruption: Annotated[
         bool,
         typer.Option(
             "--exit-on-corruption",
-            help="Exit with code 3 at the first wrong answer (never on slowness or misses): a supervisor "
-            "such as the rendered systemd canary unit restarts the server on that code only.",
+            help=f"Exit with code {exit_codes.CORRUPT} at the first wrong answer (never on slowness or "
+            "misses): a supervisor such as the rendered systemd canary unit restarts the server on that "
+            "code only.",
         ),
     ] = False,
     watch_restarts: Annotated[
         bool,
         typer.Option(
             "--watch-restarts/--no-watch-restarts",
-            help="Poll the server's /health every 2 s; when it comes back after going away (a restart), "
-            "a corrupt or unreachable verdict is dropped and the canary starts afresh.",
+            help=f"Poll the server's /health every {defaults.RESTART_POLL_S:g} s; when it comes back after "
+            "going away (a restart), a corrupt or unreachable verdict is dropped and the canary starts "
+            "afresh.",
         ),
     ] = True,
     verdict_file: Annotated[
@@ -68,7 +98,7 @@ def canary(
 
     /livez turns 503 only on corruption (or when the server's own /health does not answer): for liveness
     probes, which must never restart a server for being busy."""
-    from deploykit.serve.canary import CanaryOptions, run_canary
+    from deploykit.canary.command import CanaryOptions, run_canary
 
     options = CanaryOptions(
         url=url,
@@ -84,6 +114,7 @@ def canary(
         exit_on_corruption=exit_on_corruption,
         watch_restarts=watch_restarts,
         verdict_file=verdict_file,
+        metrics_every_s=metrics_every,
     )
 
     def say(line: str) -> None:

@@ -39,12 +39,14 @@ def plan(
     ] = True,
 ) -> None:
     """Decide the fixes for a profile on a GPU and write the exact `vllm serve` launch."""
+    from deploykit.cli.progress import say_if_slow
     from deploykit.plan import make_plan, validate_plan
 
-    loaded = open_profile(profile)
-    result = make_plan(loaded, gather_facts(facts), parse_fix_overrides(fix))
-    if validate:
-        validate_plan(result)
+    with say_if_slow("deploykit plan: planning, and checking the argv against vLLM's options ..."):
+        loaded = open_profile(profile)
+        result = make_plan(loaded, gather_facts(facts), parse_fix_overrides(fix))
+        if validate:
+            validate_plan(result)
     if format is PlanFormat.json:
         typer.echo(result.model_dump_json(indent=2))  # `errors` says it must not run; exit code 2 too
     elif format is PlanFormat.shell:

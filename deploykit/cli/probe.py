@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from deploykit.cli.options import EXIT_NO_GPU, TableOrJson, fail
+from deploykit import exit_codes
+from deploykit.cli.options import TableOrJson, fail
 
 
 def probe(
@@ -16,7 +17,7 @@ def probe(
     ] = (TableOrJson.table),
     save: Annotated[Path | None, typer.Option("--save", help="Also write the JSON facts to FILE.")] = None,
 ) -> None:
-    """Read every NVIDIA GPU's facts through NVML (no CUDA context, no torch). Exit 3 when there is no GPU."""
+    """Read every NVIDIA GPU's facts through NVML (no CUDA context, no torch). Exit 4 when there is no GPU."""
     from deploykit.probe.nvml_reader import document_json, read_probe_document
 
     document = read_probe_document()
@@ -35,7 +36,7 @@ def probe(
         print_probe(ProbeFacts.model_validate(document))
     if document["error"]:
         typer.echo(f"deploykit probe: {document['error']}", err=True)
-        raise typer.Exit(EXIT_NO_GPU)
+        raise typer.Exit(exit_codes.NO_GPU)
 
 
 def register(app: typer.Typer) -> None:

@@ -5,32 +5,28 @@ Nothing heavy at import time: the orchestration, the store (SQLAlchemy) and HTTP
 
 from __future__ import annotations
 
-from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from deploykit.cli.options import FactsOption, FixOption, FormatOption, ProfileOption, TableOrJson
+from deploykit.canary import defaults as canary_defaults
+from deploykit.canary.defaults import OnCorruption
+from deploykit.cli.options import (
+    ROW_ID,
+    ROW_LIMIT,
+    FactsOption,
+    FixOption,
+    FormatOption,
+    ProfileOption,
+    StoreOption,
+    TableOrJson,
+    WholeNumber,
+    seconds,
+)
 
 if TYPE_CHECKING:
     from deploykit.store import ResultRecord
-
-
-StoreOption = Annotated[
-    str | None,
-    typer.Option(
-        "--store",
-        help="Results store URL: sqlite:///PATH or postgresql://USER:PASS@HOST/DB "
-        "(default: $DEPLOYKIT_STORE, else SQLite in the user data directory).",
-    ),
-]
-
-
-class OnCorruptionChoice(StrEnum):
-    restart = "restart"
-    stop = "stop"
-    ignore = "ignore"
 
 
 results_app = typer.Typer(help="Stored results of serve and smoke attempts.", no_args_is_help=True)
@@ -47,7 +43,12 @@ def serve(
         typer.Option("--port", min=1, max=65535, help="Serve on this port (1-65535), not the profile's."),
     ] = None,
     store: StoreOption = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Keep vLLM's log in its file only.")] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Stream vLLM's log here too (default: its file only).")
+    ] = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="Keep vLLM's log in its file only (the default).")
+    ] = False,
     log_dir: Annotated[
         Path | None, typer.Option("--log-dir", help="Where vLLM's log goes (default: user log dir).")
     ] = None,
@@ -55,10 +56,10 @@ def serve(
         float,
         typer.Option(
             "--canary-every",
-            min=0,
+            parser=seconds(0.0),
             help="While serving, check the output with the canary every S seconds (0: no canary).",
         ),
-    ] = 60.0,
+    ] = canary_defaults.EVERY_S,
     canary_listen: Annotated[
         str | None,
         typer.Option(
@@ -66,44 +67,55 @@ def serve(
         ),
     ] = None,
     on_corruption: Annotated[
-        OnCorruptionChoice,
+        OnCorruption,
         typer.Option(
             "--on-corruption",
             help="When the canary sees wrong output: restart vLLM (backoff, a cap per hour, then stop), "
             "stop serving (exit 1), or ignore it (its row and /healthz still say so).",
         ),
-    ] = OnCorruptionChoice.restart,
+    ] = canary_defaults.ON_CORRUPTION,
     max_restarts_per_hour: Annotated[
         int,
-        typer.Option("--max-restarts-per-hour", min=0, help="Restarts on corruption allowed in any hour."),
-    ] = 3,
+        typer.Option(
+            "--max-restarts-per-hour",
+            parser=WholeNumber(0, 1_000_000),
+            help="Restarts on corruption allowed in any hour.",
+        ),
+    ] = canary_defaults.MAX_RESTARTS_PER_HOUR,
     restart_backoff: Annotated[
         float,
         typer.Option(
             "--restart-backoff",
-            min=0,
+            parser=seconds(0.0),
             help="Seconds before the 2nd restart in an hour (the 1st is at once), doubling after.",
         ),
-    ] = 10.0,
+    ] = canary_defaults.RESTART_BACKOFF_S,
 ) -> None:
     """Start vLLM for a profile, smoke it with token ids, store the result; then keep serving (or --check).
 
     While serving, an in-process canary checks the output every --canary-every seconds and acts on
     corruption (--on-corruption); slowness and timeouts are never corruption."""
-    from deploykit.cli.options import parse_fix_overrides
+    from deploykit.cli.options import fail, parse_fix_overrides
     from deploykit.serve.attempt import ServeOptions, run_serve
 
+    if canary_listen is not None:
+        from deploykit.canary.listener import parse_listen
+
+        try:
+            parse_listen(canary_listen, "--canary-listen")
+        except ValueError as exc:
+            fail(f"serve: {exc}")
     options = ServeOptions(
         profile=profile,
         overrides=parse_fix_overrides(fix),
         check=check,
         port=port,
         store_url=store,
-        quiet=quiet,
+        quiet=quiet or not verbose,
         log_dir=log_dir,
         canary_every=canary_every,
         canary_listen=canary_listen,
-        on_corruption=on_corruption.value,
+        on_corruption=on_corruption,
         max_restarts_per_hour=max_restarts_per_hour,
         restart_backoff_s=restart_backoff,
     )
@@ -150,8 +162,8 @@ def smoke(
     check_url(url)
     expected = None
     if expect_fixes is not None:
-        from deploykit.fix_check import parse_expect_fixes
         from deploykit.plan import FIX_NAMES
+        from deploykit.smoke.fix_check import parse_expect_fixes
 
         try:
             expected = parse_expect_fixes(expect_fixes, FIX_NAMES)
@@ -174,7 +186,9 @@ def smoke(
 @results_app.command("list")
 def results_list(
     store: StoreOption = None,
-    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="How many, newest first.")] = 20,
+    limit: Annotated[
+        int, typer.Option("--limit", "-n", parser=ROW_LIMIT, help="How many, newest first.")
+    ] = 20,
     profile: Annotated[str | None, typer.Option("--profile", help="Only this profile name.")] = None,
     format: FormatOption = TableOrJson.table,
 ) -> None:
@@ -213,7 +227,9 @@ def results_list(
 
 @results_app.command("show")
 def results_show(
-    result_id: Annotated[int, typer.Argument(metavar="ID", help="A result id from `results list`.")],
+    result_id: Annotated[
+        int, typer.Argument(metavar="ID", parser=ROW_ID, help="A result id from `results list`.")
+    ],
     store: StoreOption = None,
     format: FormatOption = TableOrJson.table,
 ) -> None:
@@ -223,8 +239,10 @@ def results_show(
     with opened_store(store) as opened:
         record = opened.get(result_id)
     if record is None:
+        from deploykit import exit_codes
+
         typer.echo(f"deploykit results show: no result #{result_id}", err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(exit_codes.FAILED)
     if format is TableOrJson.json:
         typer.echo(record.model_dump_json(indent=2))
         return
@@ -291,20 +309,26 @@ def check_url(url: str) -> None:
     from urllib.parse import urlsplit
 
     from deploykit.cli.options import fail
+    from deploykit.net import redact_url
+
+    shown = redact_url(url)  # a `user:pw@` in the URL is never echoed
 
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError as exc:
-        fail(f"smoke: --url {url!r}: {exc} (ports are 1-65535)")
+        fail(f"smoke: --url {shown!r}: {exc} (ports are 1-65535)")
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        fail(f"smoke: --url {url!r}: expected http://HOST:PORT, e.g. http://127.0.0.1:8000")
+        fail(f"smoke: --url {shown!r}: expected http://HOST:PORT, e.g. http://127.0.0.1:8000")
     if port == 0:
-        fail(f"smoke: --url {url!r}: port 0 is not a port a server listens on (ports are 1-65535)")
+        fail(f"smoke: --url {shown!r}: port 0 is not a port a server listens on (ports are 1-65535)")
 
 
 def register(app: typer.Typer) -> None:
     """Add the serving commands to the app."""
     app.command()(serve)
     app.command()(smoke)
+    from deploykit.cli.baseline import baseline_app
+
+    results_app.add_typer(baseline_app, name="baseline")
     app.add_typer(results_app, name="results")

@@ -41,10 +41,14 @@ def trace(
     max_tokens: Annotated[
         int | None, typer.Option("--max-tokens", help="Generate this many tokens per case.", min=1)
     ] = None,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Stream vLLM's log to stderr (default: its file only).")
+    ] = False,
 ) -> None:
     """Start vLLM eager with every module hooked, run the case(s), name the first module that made Inf/NaN.
 
-    Exit 0: nothing non-finite and the cases passed; 1: a culprit (or a failing case); 2: no verdict.
+    Exit 0: nothing non-finite and the cases passed; 1: a culprit, a failing case, or the trace could not
+    run; 2: refused before vLLM started (the profile, its plan, or a case its server cannot answer).
     """
     from deploykit.cli.options import fail, parse_fix_overrides
     from deploykit.trace.report import render_text, report_json
@@ -61,6 +65,7 @@ def trace(
         prompt=prompt,
         store_url=store,
         max_tokens=max_tokens,
+        quiet=not verbose,
     )
 
     def say(message: str) -> None:

@@ -1,11 +1,16 @@
-"""The fix registry. `plan` reads the decision rules, the vLLM plugin applies the patches.
+"""The fix registry. `plan` reads the decision rules, the trace report the suggestions, the vLLM plugin
+applies the patches; none of them names a fix, so a new fix is one module and one line here.
 
 Each fix is one module exposing (the `Fix` protocol in base.py, checked by mypy):
     NAME: str                 the key used in profiles, `--fix` and DEPLOYKIT_FIXES
     SUMMARY: str              one line for people
     PATCHES: str              what in vLLM it changes
+    LAUNCH_FLAGS: tuple[str, ...]                  the `vllm serve` flags launch_args may add
     decide(inputs, mode) -> FixDecision            pure, no torch/vllm import
     launch_args(inputs) -> list[str]               extra `vllm serve` flags when enabled
+    plan_warnings(inputs, decision) -> list[str]   pure: what a plan with this decision warns about
+    trace_suggestion(culprit, header, lines) -> str | None
+                                                   pure: evidence that a traced NaN is this fix's target
     check_target() -> TargetCheck                  imports vLLM: does the target exist as expected?
     apply() -> str                                 patches vLLM in this process; returns the target patched
 Importing a fix module must stay cheap: torch and vLLM are imported inside functions only.

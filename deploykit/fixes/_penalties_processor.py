@@ -1,4 +1,5 @@
-"""The device penalties processor and the patch that makes vLLM's host penalty path stand aside.
+"""The device penalties processor (the stand-aside patch: `_penalties_stand_aside`; its host buffers:
+`_pinned_ring`).
 
 Imported only on demand through `deploykit.fixes.penalties`, because it imports torch and vLLM.
 
@@ -20,7 +21,6 @@ over [rows, W], never over [rows, vocab], and nothing waits for the device.
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
@@ -30,11 +30,16 @@ import numpy as np
 import torch
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
-from deploykit.fixes.base import TargetCheck, TargetStatus, upstream_guard
+from deploykit.fixes._penalties_stand_aside import (
+    FIX_NAME,
+    engage_or_pass_through,
+    install_stand_aside,
+    remove_stand_aside,
+)
+from deploykit.fixes._pinned_ring import PinnedRing
 
 logger = logging.getLogger("vllm.deploykit.penalties")
 
-FIX_NAME = "device_penalties"
 INITIAL_WIDTH = 256
 WIDTH_ROUND = 256
 WIDTH_GROWTH = 1.5
@@ -48,178 +53,7 @@ BYTES_PER_ROW = 8  # size int64
 # (one 64-byte line each) stay in the L2/L3 cache until the chunk scatters them back.
 CPU_CHUNK_SLOTS = 16384
 
-
-# --------------------------------------------------------------------------------------------------
-# Target checks and the stand-aside patch
-
-
-@dataclass
-class _StandAside:
-    installed: bool = False
-    original: Any = None
-
-
-_STAND_ASIDE = _StandAside()
-
-
-def check_target() -> TargetCheck:
-    """Does the installed vLLM have the V1 pieces we patch, in the shape we expect?"""
-    target = "vllm.v1.worker.gpu_input_batch.InputBatch.no_penalties"
-    try:
-        from vllm.v1.sample import sampler as sampler_module
-        from vllm.v1.sample.metadata import SamplingMetadata
-        from vllm.v1.sample.ops import penalties as penalties_ops
-        from vllm.v1.worker import gpu_input_batch
-    except ImportError as exc:
-        return TargetCheck(status=TargetStatus.TARGET_MISSING, target=target, detail=f"import failed: {exc}")
-
-    problems: list[str] = []
-    input_batch = getattr(gpu_input_batch, "InputBatch", None)
-    if input_batch is None:
-        problems.append("InputBatch class is gone")
-    else:
-        prop = input_batch.__dict__.get("no_penalties")
-        if not isinstance(prop, property) and not _STAND_ASIDE.installed:
-            problems.append("InputBatch.no_penalties is not a property")
-        init_params = inspect.signature(input_batch.__init__).parameters
-        for name in ("logitsprocs", "logitsprocs_need_output_token_ids"):
-            if name not in init_params:
-                problems.append(f"InputBatch.__init__ has no {name!r} parameter")
-    if "no_penalties" not in getattr(SamplingMetadata, "__dataclass_fields__", {}):
-        problems.append("SamplingMetadata has no no_penalties field")
-    sampler_cls = getattr(sampler_module, "Sampler", None)
-    apply_penalties = getattr(sampler_cls, "apply_penalties", None)
-    if apply_penalties is None or "no_penalties" not in inspect.getsource(apply_penalties):
-        problems.append("Sampler.apply_penalties no longer consults sampling_metadata.no_penalties")
-    processor_init = inspect.signature(LogitsProcessor.__init__).parameters
-    if list(processor_init)[:4] != ["self", "vllm_config", "device", "is_pin_memory"]:
-        problems.append(f"LogitsProcessor.__init__ takes {list(processor_init)}")
-    for method in ("apply", "update_state", "is_argmax_invariant"):
-        if method not in getattr(LogitsProcessor, "__abstractmethods__", ()):
-            problems.append(f"LogitsProcessor.{method} is not part of the interface")
-    batch_fields = set(getattr(BatchUpdate, "__dataclass_fields__", {}))
-    if not {"batch_size", "removed", "added", "moved"} <= batch_fields:
-        problems.append(f"BatchUpdate fields are {sorted(batch_fields)}")
-    if not {"SWAP", "UNIDIRECTIONAL"} <= set(MoveDirectionality.__members__):
-        problems.append("MoveDirectionality lost SWAP/UNIDIRECTIONAL")
-    host_path = getattr(penalties_ops, "apply_all_penalties", None)
-    if host_path is None:
-        problems.append("vllm.v1.sample.ops.penalties.apply_all_penalties is gone")
-    if problems:
-        return TargetCheck(status=TargetStatus.TARGET_MISSING, target=target, detail="; ".join(problems))
-
-    assert host_path is not None
-    output_param = inspect.signature(host_path).parameters.get("output_token_ids")
-    if output_param is None or "list" not in str(output_param.annotation):
-        return TargetCheck(
-            status=TargetStatus.FIXED_UPSTREAM,
-            target=target,
-            detail="apply_all_penalties no longer takes per-request Python lists of output ids "
-            f"(output_token_ids: {None if output_param is None else output_param.annotation})",
-        )
-    return TargetCheck(
-        status=TargetStatus.APPLICABLE,
-        target=target,
-        detail="V1 sampler pads Python output-id lists into a new tensor every step (apply_all_penalties)",
-    )
-
-
-def _batch_uses_device_penalties(batch: Any) -> bool:
-    procs = getattr(batch, "logitsprocs", None)
-    return any(
-        isinstance(proc, DevicePenaltiesProcessor) and proc.engaged
-        for proc in getattr(procs, "non_argmax_invariant", ())
-    )
-
-
-def install_stand_aside() -> str:
-    """Make InputBatch report "no penalties" to vLLM's sampler when our processor serves the batch.
-
-    vLLM then skips apply_all_penalties, the per-step list padding and the prompt tensor it builds
-    for it. A batch without our processor (the fix on, but no --logits-processors) keeps the host path,
-    so penalties are applied exactly once either way.
-    """
-    from vllm.v1.worker.gpu_input_batch import InputBatch
-
-    if _STAND_ASIDE.installed:
-        return "vllm.v1.worker.gpu_input_batch.InputBatch.no_penalties"
-    original = InputBatch.__dict__["no_penalties"]
-
-    def no_penalties(self: Any) -> bool:
-        if _batch_uses_device_penalties(self):
-            return True
-        return bool(original.fget(self))
-
-    patched = property(no_penalties, doc="deploykit device_penalties: the host penalty path stands aside")
-    setattr(InputBatch, "no_penalties", patched)  # noqa: B010 (mypy: a property replaced on the class)
-    _STAND_ASIDE.installed = True
-    _STAND_ASIDE.original = original
-    return "vllm.v1.worker.gpu_input_batch.InputBatch.no_penalties"
-
-
-def remove_stand_aside() -> None:
-    """Undo install_stand_aside (tests use it to compare with and without the patch in one process)."""
-    from vllm.v1.worker.gpu_input_batch import InputBatch
-
-    if _STAND_ASIDE.installed:
-        setattr(InputBatch, "no_penalties", _STAND_ASIDE.original)  # noqa: B010
-        _STAND_ASIDE.installed = False
-        _STAND_ASIDE.original = None
-
-
-def engage_or_pass_through() -> bool:
-    """Called by each processor: True when it must apply penalties (host path made to stand aside)."""
-    if upstream_guard(FIX_NAME, check_target()) is not None:
-        return False  # fixed upstream: the processor passes logits through
-    install_stand_aside()
-    return True
-
-
-# --------------------------------------------------------------------------------------------------
-# Host-to-device staging
-
-
-class _PinnedRing:
-    """A few reusable host buffers for host-to-device copies: no allocation per step, and a buffer is
-    rewritten only after the copy issued from it several uploads ago finished (its event), so filling
-    it never races the DMA and, in steady state, never waits."""
-
-    def __init__(self, device: torch.device, dtype: torch.dtype, capacity: int, pin: bool, slots: int = 4):
-        self.device = device
-        self.dtype = dtype
-        self.pin = pin
-        self.use_events = device.type == "cuda"
-        self.buffers = [self._allocate(capacity) for _ in range(slots)]
-        self.events: list[Any] = [None] * slots
-        self.current = 0
-
-    def _allocate(self, capacity: int) -> torch.Tensor:
-        return torch.empty(max(1, capacity), dtype=self.dtype, pin_memory=self.pin)
-
-    def upload(self, data: np.ndarray, dest: torch.Tensor) -> torch.Tensor:
-        """Copy `data` (1-D) into dest[:n] on the device; returns that view."""
-        n = int(data.shape[0])
-        self.current = (self.current + 1) % len(self.buffers)
-        slot = self.current
-        event = self.events[slot]
-        if event is not None:
-            event.synchronize()
-        if self.buffers[slot].shape[0] < n:  # only on an unusually large batch change
-            self.buffers[slot] = self._allocate(int(n * 1.5))
-        host = self.buffers[slot][:n]
-        host.numpy()[:] = data
-        view = dest[:n]
-        view.copy_(host, non_blocking=self.use_events)
-        if self.use_events:
-            if event is None:
-                event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-                self.events[slot] = event
-            event.record()
-        return view
-
-
-# --------------------------------------------------------------------------------------------------
-# The processor
+__all__ = ["DevicePenaltiesProcessor", "install_stand_aside", "remove_stand_aside"]
 
 
 @dataclass
@@ -254,6 +88,8 @@ class DevicePenaltiesProcessor(LogitsProcessor):
     negative multiplied), frequency x count and presence x (count > 0) over the output.
     """
 
+    deploykit_stands_in_for_host_penalties = True  # _penalties_stand_aside.STANDS_IN_MARKER
+
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
         self.device = torch.device(device)
         self.max_rows = int(vllm_config.scheduler_config.max_num_seqs)
@@ -280,9 +116,9 @@ class DevicePenaltiesProcessor(LogitsProcessor):
             2 * self.max_rows * MAX_INSERT_WAVES, dtype=torch.int64, device=self.device
         )
         self._load = torch.zeros(2 * INITIAL_WIDTH, dtype=torch.int64, device=self.device)
-        self._int_ring = _PinnedRing(self.device, torch.int64, 2 * self.max_rows * MAX_INSERT_WAVES, pin)
-        self._float_ring = _PinnedRing(self.device, torch.float32, 5 * self.max_rows, pin)
-        self._load_ring = _PinnedRing(self.device, torch.int64, 2 * INITIAL_WIDTH, pin, slots=2)
+        self._int_ring = PinnedRing(self.device, torch.int64, 2 * self.max_rows * MAX_INSERT_WAVES, pin)
+        self._float_ring = PinnedRing(self.device, torch.float32, 5 * self.max_rows, pin)
+        self._load_ring = PinnedRing(self.device, torch.int64, 2 * INITIAL_WIDTH, pin, slots=2)
         if self.engaged:
             logger.info(
                 "deploykit %s: DevicePenaltiesProcessor engaged on %s (%d rows, table width %d..%d slots)",

@@ -1,11 +1,12 @@
-"""The vocabulary every fix speaks: modes, decisions, the facts a decision may use, target status."""
+"""The vocabulary every fix speaks: modes, decisions, the facts a decision may use, target status, and the
+`Fix` protocol: everything particular to one fix is in its module, so `plan` and `trace` name none."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from enum import StrEnum
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -13,6 +14,9 @@ from deploykit import errors
 from deploykit.installed import vllm_version_label
 from deploykit.probe.facts import GpuFacts
 from deploykit.profile.schema import FixMode as FixMode  # the modes a profile sets; defined with the schema
+
+if TYPE_CHECKING:
+    from deploykit.trace_records import HeaderLine, ModuleLine
 
 
 class Decision(StrEnum):
@@ -73,6 +77,15 @@ class DecisionInputs(BaseModel):
     platform: str = Field(default="cuda", description="cuda or cpu: which vLLM build the deployment runs")
 
 
+def effective_runner(inputs: DecisionInputs) -> str:
+    """The model runner the deployment gets: the profile's choice, else this vLLM's default (v1 or v2)."""
+    if inputs.model_runner in ("v1", "v2"):
+        return inputs.model_runner
+    from deploykit.vllm_compat import default_model_runner  # not at import: the plugin loads this module
+
+    return default_model_runner(inputs.vllm_version, inputs.platform)
+
+
 class FixError(errors.FixError, RuntimeError):
     """A fix could not be applied; the message names the fix and the vLLM version."""
 
@@ -96,6 +109,7 @@ class Fix(Protocol):
     NAME: str  # the key used in profiles, `--fix` and DEPLOYKIT_FIXES
     SUMMARY: str  # one line for people
     PATCHES: str  # what in vLLM it changes
+    LAUNCH_FLAGS: tuple[str, ...]  # the `vllm serve` flags launch_args may add: the fix owns them
 
     def decide(self, inputs: DecisionInputs, mode: FixMode) -> FixDecision:
         """Pure: no torch or vLLM import."""
@@ -103,6 +117,17 @@ class Fix(Protocol):
 
     def launch_args(self, inputs: DecisionInputs) -> list[str]:
         """Extra `vllm serve` flags when the fix is enabled."""
+        ...
+
+    def plan_warnings(self, inputs: DecisionInputs, decision: FixDecision) -> list[str]:
+        """Pure: what a plan with this decision should warn about, beyond the decision itself."""
+        ...
+
+    def trace_suggestion(
+        self, culprit: ModuleLine, header: HeaderLine | None, lines: Sequence[ModuleLine]
+    ) -> str | None:
+        """Pure: the evidence that this fix targets the module a trace found making the first non-finite
+        value (`culprit`; `lines` are the trace's module records, in order), or None when it does not."""
         ...
 
     def check_target(self) -> TargetCheck:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import functools
 import inspect
 import weakref
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from deploykit.fixes.base import (
     TURNED_OFF,
@@ -29,6 +30,9 @@ from deploykit.fixes.base import (
 )
 from deploykit.installed import vllm_version_label
 
+if TYPE_CHECKING:
+    from deploykit.trace_records import HeaderLine, ModuleLine
+
 NAME = "fp32_projection"
 SUMMARY = "Gemma4 Unified vision projection + LayerNorm in FP32 on GPUs without native BF16"
 PATCHES = "vllm.model_executor.models.gemma4_unified: vision embedder patch_dense / patch_ln2"
@@ -37,7 +41,7 @@ ARCHITECTURES = ("Gemma4UnifiedForConditionalGeneration",)
 TARGET_MODULE = "vllm.model_executor.models.gemma4_unified"
 TARGET_CLASS = "Gemma4UnifiedVisionEmbedder"
 TARGET = f"{TARGET_MODULE}.{TARGET_CLASS}"
-# The shape this patch was written against (vLLM 0.32): constructor and forward signatures, the two
+# The shape this patch was written for (vLLM 0.32–0.33): constructor and forward signatures, the two
 # layers it rebuilds, and the ColumnParallelLinear arguments it passes on.
 EXPECTED_INIT_PARAMS = ("self", "config", "quant_config", "prefix")
 EXPECTED_FORWARD_PARAMS = ("self", "pixel_values", "pixel_position_ids")
@@ -51,7 +55,7 @@ EXPECTED_LINEAR_PARAMS = (
     "quant_config",
 )
 # An upstream fix picks the projection dtype from the platform (`current_platform.supported_dtypes`)
-# or names float32 in the constructor; the shipped 0.32 source does neither.
+# or names float32 in the constructor; the sources of 0.32 and 0.33 do neither.
 UPSTREAM_FIX_MARKERS = ("supported_dtypes", "float32")
 PATCH_MARKER = "__deploykit_fp32_projection__"
 
@@ -94,8 +98,43 @@ def decide(inputs: DecisionInputs, mode: FixMode) -> FixDecision:
     )
 
 
+LAUNCH_FLAGS: tuple[str, ...] = ()
+# The two layers the fix computes in FP32, as `named_modules()` names their leaves.
+PATCHED_LEAVES = ("patch_dense", "patch_ln2")
+
+
 def launch_args(inputs: DecisionInputs) -> list[str]:
     return []
+
+
+def plan_warnings(inputs: DecisionInputs, decision: FixDecision) -> list[str]:
+    return []
+
+
+def trace_suggestion(
+    culprit: ModuleLine, header: HeaderLine | None, lines: Sequence[ModuleLine]
+) -> str | None:
+    """The culprit is patch_dense or patch_ln2 of a Gemma4 Unified vision embedder computing in float16."""
+    leaf = culprit.module.rsplit(".", 1)[-1]
+    model = (header.model_class if header else "") + " " + " ".join(header.architectures if header else [])
+    in_vision_embedder = "vision_embedder" in culprit.module or "embed_vision" in culprit.module
+    half = culprit.dtype == "float16" or (header is not None and header.dtype == "float16")
+    if leaf not in PATCHED_LEAVES or not (in_vision_embedder or "Gemma4Unified" in model) or not half:
+        return None
+    where = ""
+    if culprit.first_bad is not None:
+        where = f" (first at token {culprit.bad_token}, channel {culprit.bad_channel})"
+    peak = ""
+    if culprit.output_absmax is not None:
+        peak = f"; the finite part reaches {culprit.output_absmax:g}"
+        if culprit.fraction_of_dtype_max is not None:
+            peak += f" ({culprit.fraction_of_dtype_max:.0%} of float16's 65504)"
+    inputs_peak = "-" if culprit.input_absmax is None else f"{culprit.input_absmax:g}"
+    return (
+        f"{culprit.module} of a Gemma4 Unified vision embedder computes in float16 and overflowed: "
+        f"{culprit.inf} Inf / {culprit.nan} NaN of {culprit.numel} values{where} from finite inputs "
+        f"(absmax {inputs_peak}){peak}. {NAME} computes patch_dense and patch_ln2 in FP32 (vLLM #48231)."
+    )
 
 
 def _check(status: TargetStatus, detail: str) -> TargetCheck:

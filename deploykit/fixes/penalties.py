@@ -7,7 +7,8 @@ and is built on first access (`deploykit.fixes.penalties:DevicePenaltiesProcesso
 from __future__ import annotations
 
 import importlib.util
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from deploykit.fixes.base import (
     TURNED_OFF,
@@ -18,20 +19,18 @@ from deploykit.fixes.base import (
     TargetCheck,
     TargetStatus,
     decision_maker,
+    effective_runner,
     upstream_guard,
 )
-from deploykit.vllm_compat import default_model_runner
+
+if TYPE_CHECKING:
+    from deploykit.trace_records import HeaderLine, ModuleLine
 
 NAME = "device_penalties"
 SUMMARY = "repetition/presence/frequency penalties on the device, O(batch) host work per step"
 PATCHES = "vLLM V1 model runner's host penalty path; adds a V1-interface logits processor"
 PROCESSOR = "deploykit.fixes.penalties:DevicePenaltiesProcessor"
-
-
-def effective_runner(inputs: DecisionInputs) -> str:
-    if inputs.model_runner in ("v1", "v2"):
-        return inputs.model_runner
-    return default_model_runner(inputs.vllm_version, inputs.platform)
+LAUNCH_FLAGS = ("--logits-processors",)
 
 
 def decide(inputs: DecisionInputs, mode: FixMode) -> FixDecision:
@@ -65,13 +64,27 @@ def launch_args(inputs: DecisionInputs) -> list[str]:
     return ["--logits-processors", PROCESSOR]
 
 
+def plan_warnings(inputs: DecisionInputs, decision: FixDecision) -> list[str]:
+    """The V1 runner the profile pins for this fix: a deliberate choice a reader of the plan should see."""
+    if decision.decision is Decision.ENABLED and inputs.model_runner == "v1":
+        return [f"the profile selects vLLM's V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0) for {NAME}"]
+    return []
+
+
+def trace_suggestion(
+    culprit: ModuleLine, header: HeaderLine | None, lines: Sequence[ModuleLine]
+) -> str | None:
+    """Penalties change which token is sampled, never a module's output: a trace never points here."""
+    return None
+
+
 def check_target() -> TargetCheck:
     """Is the V1 host penalty path there, in the shape the stand-aside patch expects?"""
     if importlib.util.find_spec("vllm") is None:
         return TargetCheck(status=TargetStatus.VLLM_MISSING, target=PATCHES, detail="vLLM is not installed")
-    from deploykit.fixes import _penalties_processor
+    from deploykit.fixes import _penalties_stand_aside
 
-    return _penalties_processor.check_target()
+    return _penalties_stand_aside.check_target()
 
 
 def apply() -> str:
@@ -79,9 +92,9 @@ def apply() -> str:
     note = upstream_guard(NAME, check_target())
     if note is not None:
         return note
-    from deploykit.fixes import _penalties_processor
+    from deploykit.fixes import _penalties_stand_aside
 
-    return _penalties_processor.install_stand_aside()
+    return _penalties_stand_aside.install_stand_aside()
 
 
 def __getattr__(name: str) -> Any:

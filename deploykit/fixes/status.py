@@ -7,6 +7,7 @@ from pydantic import BaseModel
 from deploykit.fixes import FIX_NAMES, load_fix
 from deploykit.fixes.base import TargetCheck, TargetStatus
 from deploykit.installed import installed_vllm_version
+from deploykit.vllm_compat import TESTED_VLLM, version_in_range
 
 
 class FixRow(BaseModel):
@@ -16,6 +17,8 @@ class FixRow(BaseModel):
     vllm_version: str | None
     status: TargetStatus
     detail: str
+    tested_vllm: str = TESTED_VLLM  # the vLLM versions this deploykit is tested with
+    in_tested_range: bool | None = None  # whether vllm_version is one of them (None: unknown)
 
 
 def fix_statuses() -> list[FixRow]:
@@ -37,6 +40,7 @@ def fix_statuses() -> list[FixRow]:
                 vllm_version=version,
                 status=check.status,
                 detail=check.detail,
+                in_tested_range=version_in_range(version),
             )
         )
     return rows

@@ -15,20 +15,14 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict
 
 from deploykit.serve.console import ConsoleUI
-from deploykit.serve.helpers import (
-    ServeFailure,
-    deploykit_version,
-    exit_code_for,
-    open_results_store,
-    print_verdict,
-    profile_issues,
-    redact,
-    secret_values,
-    store_record,
-)
+from deploykit.serve.helpers import deploykit_version, exit_code_for, print_verdict, redact, secret_values
+from deploykit.serve.stages import StageFailure, case_timings, check_plan, load
+from deploykit.store_row import store_row
 
 if TYPE_CHECKING:
     from deploykit.profile.schema import LoadedProfile
+    from deploykit.smoke import SmokeReport
+    from deploykit.smoke.fingerprint import Fingerprint
 
 
 class SmokeOptions(BaseModel):
@@ -62,46 +56,39 @@ def planned_fixes(loaded: LoadedProfile, facts_file: str | None) -> list[str]:
     try:
         facts = load_facts(facts_file) if facts_file else probe()
     except ProbeError as exc:
-        raise ServeFailure("plan", str(exc)) from None
+        raise StageFailure("plan", str(exc)) from None
     plan = make_plan(loaded, facts)
-    if plan.errors:
-        raise ServeFailure("plan", "the plan has errors: " + "; ".join(plan.errors))
+    check_plan(plan)
     return plan.enabled_fixes
 
 
 def run_remote_smoke(options: SmokeOptions, ui: ConsoleUI | None = None) -> int:
     """Smoke a server that is already running; stores one row unless told not to."""
-    from deploykit.fix_check import smoke_with_fix_check
     from deploykit.plan import resolve_model_path
-    from deploykit.profile.load import load_profile
-    from deploykit.profile.schema import ProfileError, SmokeCase
+    from deploykit.profile.schema import SmokeCase
     from deploykit.smoke import (
         DEFAULT_LOGPROB_TOLERANCE,
         DEFAULT_TIE_TOLERANCE,
-        derive_cases,
+        requests_for_profile,
         smoke_requests,
         special_token_ids,
     )
-    from deploykit.store import ResultRecord
+    from deploykit.smoke.fix_check import smoke_with_fix_check
+    from deploykit.store import ResultRecord, open_store
 
     ui = ui or ConsoleUI(quiet=True)
     started = time.monotonic()
     # Opened first: a store that cannot be written stops here, before any request is sent.
-    store = open_results_store(options.store_url) if options.store else None
+    store = open_store(options.store_url) if options.store else None
     record = ResultRecord(command="smoke", verdict="error", stage="profile", base_url=options.url)
     record.versions = {"deploykit": deploykit_version()}
     secrets = secret_values(None, os.environ)
     try:
         if options.profile is not None:
-            try:
-                loaded = load_profile(options.profile)
-            except ProfileError as exc:
-                raise ServeFailure("profile", f"the profile cannot be used: {profile_issues(exc)}") from None
+            loaded = load(options.profile)
             profile = loaded.profile
             record.profile_name, record.profile_id = profile.name, loaded.id
-            served = options.model or profile.served_name
-            adapters = list(profile.serve.lora.adapters)
-            requests = smoke_requests(derive_cases(profile), served, adapters[0] if adapters else None)
+            requests = requests_for_profile(profile, served_name=options.model)
             timeout = options.timeout_s or profile.smoke.timeout_s
             key_env = options.api_key_env or profile.serve.api_key_env
             special = special_token_ids(resolve_model_path(profile))
@@ -120,12 +107,12 @@ def run_remote_smoke(options: SmokeOptions, ui: ConsoleUI | None = None) -> int:
             expected = options.expect_fixes or []
             tie, logprob = DEFAULT_TIE_TOLERANCE, DEFAULT_LOGPROB_TOLERANCE
         else:
-            raise ServeFailure("profile", "give --profile P or --model NAME")
+            raise StageFailure("profile", "give --profile P or --model NAME")
         api_key = None
         if key_env:
             api_key = os.environ.get(key_env)
             if not api_key:
-                raise ServeFailure("secrets", f"the API key variable {key_env} is not set")
+                raise StageFailure("secrets", f"the API key variable {key_env} is not set")
         record.stage = "smoke"
         ui.say(f"smoke: {len(requests)} request(s) against {options.url}")
         report, status = smoke_with_fix_check(
@@ -140,15 +127,19 @@ def run_remote_smoke(options: SmokeOptions, ui: ConsoleUI | None = None) -> int:
             on_case=ui.case,
         )
         record.fixes_active = status.fixes_active
+        if report.passed and options.profile is not None:
+            report, record.fingerprint = _with_fingerprint(
+                loaded, options, api_key, status.fixes_active, report, ui
+            )
         record.verdict = "pass" if report.passed else "fail"
         record.stage = "done"
         record.diagnosis = report.diagnosis
         record.cases = report.cases
         record.timings = {"smoke_s": round(report.elapsed_s, 4)}
-        record.timings.update({f"case_{c.name}_s": c.latency_s for c in report.cases})
-    except ServeFailure as exc:
+        record.timings.update(case_timings(report.cases))
+    except StageFailure as exc:
         record.stage, record.diagnosis = exc.stage, str(exc)
-    except BaseException:  # a DeploykitError (a missing package, say) is the CLI's one line; no row
+    except BaseException:  # another DeploykitError (a missing package, say) is the CLI's one line; no row
         if store is not None:
             store.close()
         raise
@@ -156,10 +147,47 @@ def run_remote_smoke(options: SmokeOptions, ui: ConsoleUI | None = None) -> int:
     record.diagnosis = redact(record.diagnosis, secrets)
     if store is not None:
         try:
-            result_id, where = store_record(record, store, ui)
+            result_id, where = store_row(record, store, ui.warn)
         finally:
             store.close()
     else:
         result_id, where = None, ""
     print_verdict(record, result_id, where, ui)
     return exit_code_for(record)
+
+
+def _with_fingerprint(
+    loaded: LoadedProfile,
+    options: SmokeOptions,
+    api_key: str | None,
+    fixes_active: dict[str, str] | None,
+    report: SmokeReport,
+    ui: ConsoleUI,
+) -> tuple[SmokeReport, Fingerprint | None]:
+    """The profile's fingerprint check (docs/fingerprints.md) as one more case, and the fingerprint for the
+    row (None when none was taken: the profile turns it off, or no key can be made on this machine)."""
+    from deploykit.fleet_baseline import check_for_server, fingerprint_case, with_case
+
+    check = check_for_server(
+        loaded,
+        options.url,
+        api_key=api_key,
+        store_url=options.store_url,
+        store=options.store,
+        facts_file=options.facts,
+        fixes_active=fixes_active,
+        ask_fixes=False,
+    )
+    if check is None:
+        return report, None
+    profile = loaded.profile
+    case, fingerprint = fingerprint_case(
+        check,
+        options.url,
+        options.model or profile.served_name,
+        timeout_s=options.timeout_s or profile.smoke.timeout_s,
+        api_key=api_key,
+        readings=2,
+    )
+    ui.case(case)
+    return with_case(report, case), fingerprint

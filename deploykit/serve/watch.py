@@ -1,7 +1,7 @@
 """`deploykit serve` after the verdict: keep serving, run the canary in-process, act on corruption.
 
 Some corruption comes later (the LoRA field report: correct until one long prompt, then token 0 for good
-with HTTP 200 and a healthy `/health`). While serving, the canary (`deploykit.serve.canary`) checks the
+with HTTP 200 and a healthy `/health`). While serving, the canary (`deploykit.canary`) checks the
 output every `canary_every_s` seconds. A run whose answers are *wrong* (NaN/inf, token 0 or specials, an
 answer that changed at a clear margin) is corruption; timeouts, refused connections and HTTP 5xx/429 are
 misses and never corruption (a busy server is not a broken one).
@@ -28,24 +28,33 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
+from deploykit import exit_codes
+from deploykit.canary import defaults as canary_defaults
+from deploykit.canary.defaults import OnCorruption as OnCorruption
+from deploykit.logtail import tail
 from deploykit.serve.console import ConsoleUI, LogFollower
-from deploykit.serve.helpers import EXIT_FAIL, EXIT_PASS, redact, store_record_at
+from deploykit.serve.helpers import argv_value, print_verdict, redact
 from deploykit.serve.signals import Interrupted, SignalGate, forwarded_signals
+from deploykit.serve.stages import (
+    Attempt,
+    attempt_record,
+    launch_environment,
+    profile_api_key,
+    run_to_verdict,
+    smoke_attempt,
+    start_vllm,
+    wait_healthy,
+)
+from deploykit.store_row import store_row
 
 if TYPE_CHECKING:
-    from deploykit.serve.attempt import Attempt
-    from deploykit.serve.canary import Canary, RunSummary
-    from deploykit.serve.launch import ServerProcess
-    from deploykit.store import ResultRecord
+    from deploykit.canary.runner import Canary, LiveNanSummary, RunSummary
+    from deploykit.smoke import SmokeReport
 
-OnCorruption = Literal["restart", "stop", "ignore"]
-DEFAULT_CANARY_EVERY_S = 60.0
-DEFAULT_MAX_RESTARTS_PER_HOUR = 3
-DEFAULT_RESTART_BACKOFF_S = 10.0
 MAX_RESTART_BACKOFF_S = 600.0
-HOUR_S = 3600.0
+HOUR_S = canary_defaults.RESTART_WINDOW_S
 
 
 @dataclass
@@ -55,8 +64,8 @@ class RestartBudget:
     The first restart in an hour starts at once; each further one waits `backoff_s`, doubled per restart
     already made in the last hour, up to `max_backoff_s`."""
 
-    max_per_hour: int = DEFAULT_MAX_RESTARTS_PER_HOUR
-    backoff_s: float = DEFAULT_RESTART_BACKOFF_S
+    max_per_hour: int = canary_defaults.MAX_RESTARTS_PER_HOUR
+    backoff_s: float = canary_defaults.RESTART_BACKOFF_S
     max_backoff_s: float = MAX_RESTART_BACKOFF_S
     history: list[float] = field(default_factory=list)
 
@@ -87,11 +96,13 @@ class CanaryWatch:
         self.corrupt = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._poller_thread: threading.Thread | None = None
         self._http = None
         canary.on_run = self._on_run
         canary.on_warning = lambda message: ui.warn(message)
+        canary.on_live_nan = self._on_live_nan
         if listen is not None:
-            from deploykit.serve.canary import parse_listen, serve_http
+            from deploykit.canary.listener import parse_listen, serve_http
 
             host, port = parse_listen(listen)
             self._http = serve_http(canary, host, port)
@@ -108,6 +119,13 @@ class CanaryWatch:
             healthy, text = self.canary.health()
             self.ui.say(f"canary state: {text} (/healthz {200 if healthy else 503})")
 
+    def _on_live_nan(self, summary: LiveNanSummary) -> None:
+        """vLLM counted NaN logits on a user request: corruption now, not at the next run."""
+        self.ui.warn(
+            f"canary: live traffic: WRONG: vLLM counted {summary.grown:g} more request(s) with NaN logits"
+        )
+        self.corrupt.set()
+
     def _loop(self) -> None:
         try:
             self.canary.run_forever(self._stop)
@@ -118,13 +136,17 @@ class CanaryWatch:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="deploykit-serve-canary", daemon=True)
         self._thread.start()
+        poller = self.canary.nan_poller()
+        self._poller_thread = poller.start(self._stop) if poller is not None else None
 
     def pause(self) -> None:
         """Stop the checking thread (its current run finishes first); /healthz keeps answering."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self.canary.config.timeout_s * 4 + 30)
-        self._thread = None
+        if self._poller_thread is not None:  # a read in flight ends within its timeout
+            self._poller_thread.join(timeout=canary_defaults.METRICS_TIMEOUT_S * 2)
+        self._thread = self._poller_thread = None
         self.corrupt.clear()
 
     def close(self) -> None:
@@ -137,23 +159,24 @@ class CanaryWatch:
 
 def start_watch(attempt: Attempt, ui: ConsoleUI) -> CanaryWatch | None:
     """The in-process canary for a passing attempt, or None when `--canary-every 0`."""
-    from deploykit.serve.canary import Canary, config_for_profile
+    from deploykit.canary.config import config_for_profile
+    from deploykit.canary.runner import Canary
 
     options = attempt.options
     if options.canary_every <= 0:
         return None
     assert attempt.loaded is not None and attempt.plan is not None and attempt.base_url is not None
     profile = attempt.loaded.profile
-    api_key = os.environ.get(profile.serve.api_key_env) if profile.serve.api_key_env else None
     config = config_for_profile(
         profile,
         attempt.loaded.id,
         url=attempt.base_url,
         model_path=attempt.plan.model_path,
         every_s=options.canary_every,
-        api_key=api_key,
+        api_key=profile_api_key(profile),
         store_url=options.store_url,
     )
+    config.fingerprint = attempt.fingerprint_check  # the start-up smoke's key: the canary compares alike
     watch = CanaryWatch(Canary(config), ui, options.canary_listen)
     ui.say(
         f"canary: every {config.every_s:g} s, rotation {', '.join(watch.canary.labels)}; "
@@ -193,11 +216,12 @@ def serve_foreground(attempt: Attempt, gate: SignalGate, ui: ConsoleUI) -> int:
                     ui.say(f"{signal.Signals(signum).name} received: stopping vLLM ...")
                     server.stop()
                     ui.say("vLLM stopped; nothing left running")
-                    return EXIT_PASS
+                    return exit_codes.OK
                 if code is not None:
-                    ui.warn(f"vLLM exited by itself with code {code}; last log lines:\n{_tail(server)}")
+                    last = tail(server.log_tail())
+                    ui.warn(f"vLLM exited by itself with code {code}; last log lines:\n{last}")
                     server.stop()
-                    return EXIT_FAIL
+                    return exit_codes.FAILED
                 assert watch is not None
                 watch.corrupt.clear()
                 diagnosis = watch.canary.health()[1]
@@ -215,7 +239,7 @@ def serve_foreground(attempt: Attempt, gate: SignalGate, ui: ConsoleUI) -> int:
                     server.stop()
                     _store_decision(attempt, f"output corrupt: {diagnosis}; vLLM stopped ({why})", ui)
                     ui.say("vLLM stopped; nothing left running")
-                    return EXIT_FAIL
+                    return exit_codes.FAILED
                 watch.pause()
                 stopped_at = time.monotonic()
                 server.stop()
@@ -237,7 +261,7 @@ def serve_foreground(attempt: Attempt, gate: SignalGate, ui: ConsoleUI) -> int:
                 finally:
                     serving_gate.armed = False
                 if attempt.server is None:  # it did not come up: its row says why
-                    return EXIT_FAIL
+                    return exit_codes.FAILED
                 if not passed:
                     watch.corrupt.set()  # the restarted server's smoke failed: corruption again
                     continue
@@ -272,10 +296,6 @@ def _wait(seconds: float, signalled: Callable[[], int | None]) -> bool:
     return signalled() is not None
 
 
-def _tail(server: ServerProcess) -> str:
-    return "\n".join(server.log_tail().strip().splitlines()[-12:])
-
-
 def _store_decision(attempt: Attempt, diagnosis: str, ui: ConsoleUI, restart: int = 0) -> None:
     """serve's row for a corruption: what the canary saw and what serve did about it."""
     from deploykit.store import ResultRecord
@@ -296,7 +316,7 @@ def _store_decision(attempt: Attempt, diagnosis: str, ui: ConsoleUI, restart: in
         log_tail=redact(attempt.server.log_tail(60), attempt.secrets) if attempt.server else "",
     )
     ui.warn(diagnosis)
-    result_id, where = store_record_at(record, attempt.options.store_url, ui)
+    result_id, where = store_row(record, attempt.options.store_url, ui.warn)
     if result_id is not None:
         ui.say(f"result #{result_id} stored in {where}")
 
@@ -308,17 +328,8 @@ def _relaunch(previous: Attempt, number: int, ui: ConsoleUI, gate: SignalGate) -
     stopped, an `interrupted` row stored, and it is raised again); after the verdict it is only remembered.
     Returns the new attempt (its `server` is None when vLLM did not come up) and whether the smoke passed.
     """
-    from deploykit.serve.attempt import Attempt, attempt_record, smoke_attempt
-    from deploykit.serve.helpers import (
-        ServeFailure,
-        argv_value,
-        child_environment,
-        print_verdict,
-        resolve_executable,
-    )
-    from deploykit.serve.launch import LaunchError, start_server
-
     assert previous.loaded is not None and previous.plan is not None and previous.base_url is not None
+    assert previous.server is not None
     attempt = Attempt(
         options=previous.options,
         stage="launch",
@@ -332,49 +343,32 @@ def _relaunch(previous: Attempt, number: int, ui: ConsoleUI, gate: SignalGate) -
     )
     attempt.timings["restart"] = float(number)
     profile = previous.loaded.profile
-    assert previous.server is not None
     log_path = previous.server.log_path.with_name(
         f"{profile.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-restart{number}.log"
     )
-    verdict, diagnosis = "error", ""
-    interrupted: Interrupted | None = None
-    try:
-        env = child_environment(previous.plan, os.environ)
+    plan = previous.plan
+
+    def stages() -> SmokeReport:
+        env = launch_environment(plan, os.environ)
         # The bind host from the argv, as at the first launch (the URL's `[::1]` is not a host).
         host = argv_value(attempt.argv, "--host", "127.0.0.1")
         port = int(argv_value(attempt.argv, "--port", "8000"))
-        try:
-            attempt.server = start_server(
-                resolve_executable(attempt.argv), env, log_path=log_path, host=host, port=port
-            )
-        except LaunchError as exc:
-            raise ServeFailure("launch", str(exc)) from None
+        attempt.server = start_vllm(attempt.argv, env, log_path=log_path, host=host, port=port)
         ui.say(f"vLLM restarted: pid {attempt.server.pid} (own process group), log {log_path}")
         attempt.stage = "startup"
-        try:
-            startup = attempt.server.wait_healthy(profile.deploy.startup_timeout_s, poll_s=0.2)
-        except LaunchError as exc:
-            raise ServeFailure("startup", f"the restarted vLLM did not come up: {exc}") from None
+        startup = wait_healthy(attempt.server, profile.deploy.startup_timeout_s)
         attempt.timings["startup_s"] = round(startup, 4)
         ui.say(f"vLLM healthy again after {startup:.1f} s")
-        report = smoke_attempt(attempt, ui)
-        verdict, diagnosis = ("pass" if report.passed else "fail"), report.diagnosis
-        attempt.stage = "done"
-    except ServeFailure as exc:
-        attempt.stage, diagnosis = exc.stage, str(exc)
-    except Interrupted as exc:
-        interrupted, verdict = exc, "interrupted"
-        diagnosis = f"stopped by {signal.Signals(exc.signum).name} during {attempt.stage} (restart {number})"
-        attempt.timings["signal"] = exc.signum
-    except Exception as exc:  # an unexpected error still gets its row
-        diagnosis = f"{type(exc).__name__}: {exc}"
+        return smoke_attempt(attempt, ui)
+
+    outcome = run_to_verdict(attempt, stages, context=f" (restart {number})")
     gate.armed = False  # the row and the cleanup below must not be interrupted
-    record = attempt_record(attempt, verdict, diagnosis)
-    if attempt.server is not None and (interrupted is not None or attempt.stage != "done"):
+    record = attempt_record(attempt, outcome.verdict, outcome.diagnosis)
+    if attempt.server is not None and (outcome.interrupted is not None or attempt.stage != "done"):
         attempt.server.stop()
         attempt.server = None
-    result_id, where = store_record_at(record, previous.options.store_url, ui)
+    result_id, where = store_row(record, previous.options.store_url, ui.warn)
     print_verdict(record, result_id, where, ui)
-    if interrupted is not None:
-        raise interrupted
-    return attempt, verdict == "pass"
+    if outcome.interrupted is not None:
+        raise outcome.interrupted
+    return attempt, outcome.verdict == "pass"

@@ -1,91 +1,31 @@
 """What the trace hooks wrote, and what it means: the first module that made a non-finite value.
 
-Pure Python (pydantic only): reads the JSON lines of a trace directory and produces `TraceReport`, whose
-JSON is `{"first": {...} | null, "spread": [...], "suggested_fix": {...} | null, "requests": [...],
-"modules_hooked": N, ...}`.
+Pure Python (pydantic only): reads the JSON lines of a trace directory (records of the schema the hooks
+write with, `deploykit.trace_records`) and produces `TraceReport`, whose JSON is `{"first": {...} | null,
+"spread": [...], "suggested_fix": {...} | null, "requests": [...], "modules_hooked": N, ...}`. Which fix
+targets the culprit each fix says itself (`Fix.trace_suggestion`).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field
+
+from deploykit.fixes import FIX_NAMES, load_fix
+from deploykit.plugin_contract import TRACE_FILE_GLOB
+from deploykit.trace_records import (
+    HeaderLine,
+    LogitsLine,
+    ModuleLine,
+    StepLine,
+    TraceRecord,
+    parse_record,
+)
 
 SPREAD_KEPT = 5
-# The largest finite value of each floating dtype the hooks report (torch.finfo(dtype).max).
-DTYPE_MAX: dict[str, float] = {
-    "float16": 65504.0,
-    "bfloat16": 3.3895313892515355e38,
-    "float32": 3.4028234663852886e38,
-    "float64": 1.7976931348623157e308,
-}
-HALF_DTYPES = ("float16", "bfloat16")
-
-
-class _Line(BaseModel):
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
-
-    rank: int = 0
-
-
-class HeaderLine(_Line):
-    kind: Literal["header"]
-    pid: int = 0
-    vllm: str = "unknown"
-    model_class: str = ""
-    architectures: list[str] = Field(default_factory=list)
-    modules_hooked: int = 0
-    dtype: str | None = None
-    fixes: list[str] = Field(default_factory=list)
-    tp_size: int = 1
-
-
-class StepLine(_Line):
-    kind: Literal["step"]
-    step: int
-    requests: list[str]
-    num_tokens: int = 0
-
-
-class ModuleLine(_Line):
-    kind: Literal["module"]
-    step: int
-    order: int
-    module: str
-    class_name: str = Field(alias="class")
-    dtype: str | None = None
-    shape: list[int] = Field(default_factory=list)
-    inputs_finite: bool = True
-    input_absmax: float | None = None
-    output_finite: bool = True
-    nonfinite: int = 0
-    nan: int = 0
-    inf: int = 0
-    numel: int = 0
-    first_bad: list[int] | None = None
-    output_absmax: float | None = None
-
-
-class LogitsLine(_Line):
-    kind: Literal["logits"]
-    step: int
-    rows: int
-    vocab: int
-    nonfinite: int = 0
-    min: float | None = None
-    max: float | None = None
-    mean: float | None = None
-    std: float | None = None
-    constant_rows: int = 0
-    argmax: list[int] = Field(default_factory=list)
-
-
-TraceLine = Annotated[HeaderLine | StepLine | ModuleLine | LogitsLine, Field(discriminator="kind")]
-_LINE = TypeAdapter(TraceLine)
-
 
 # --- the report ---------------------------------------------------------------------------------------
 
@@ -174,22 +114,22 @@ class TraceReadError(RuntimeError):
 # --- reading ------------------------------------------------------------------------------------------
 
 
-def parse_lines(text_lines: Iterable[str]) -> list[HeaderLine | StepLine | ModuleLine | LogitsLine]:
-    lines: list[HeaderLine | StepLine | ModuleLine | LogitsLine] = []
+def parse_lines(text_lines: Iterable[str]) -> list[TraceRecord]:
+    lines: list[TraceRecord] = []
     for number, text in enumerate(text_lines, 1):
         if not text.strip():
             continue
         try:
-            lines.append(_LINE.validate_python(json.loads(text)))
+            lines.append(parse_record(text))
         except ValueError as exc:
             raise TraceReadError(f"trace line {number} is not a trace record: {exc}") from exc
     return lines
 
 
-def read_trace_dir(directory: Path) -> list[HeaderLine | StepLine | ModuleLine | LogitsLine]:
+def read_trace_dir(directory: Path) -> list[TraceRecord]:
     """Every record of every `trace-rank*.jsonl` in the directory, rank by rank."""
-    files = sorted(directory.glob("trace-rank*.jsonl"))
-    lines: list[HeaderLine | StepLine | ModuleLine | LogitsLine] = []
+    files = sorted(directory.glob(TRACE_FILE_GLOB))
+    lines: list[TraceRecord] = []
     for path in files:
         text = path.read_text(encoding="utf-8").splitlines()
         if text and not text[-1].endswith("}"):  # a worker stopped mid-write
@@ -204,16 +144,7 @@ def read_trace_dir(directory: Path) -> list[HeaderLine | StepLine | ModuleLine |
 def _finding(line: ModuleLine, request: str | None) -> ModuleFinding:
     position = None
     if line.first_bad is not None:
-        index = list(line.first_bad)
-        position = BadPosition(
-            token=index[0] if len(index) >= 2 else None,
-            channel=index[-1] if index else None,
-            index=index,
-        )
-    dtype_max = DTYPE_MAX.get(line.dtype or "")
-    fraction = None
-    if line.dtype in HALF_DTYPES and dtype_max and line.output_absmax is not None:
-        fraction = line.output_absmax / dtype_max
+        position = BadPosition(token=line.bad_token, channel=line.bad_channel, index=list(line.first_bad))
     return ModuleFinding(
         module=line.module,
         class_name=line.class_name,
@@ -230,8 +161,8 @@ def _finding(line: ModuleLine, request: str | None) -> ModuleFinding:
         inputs_finite=line.inputs_finite,
         input_absmax=line.input_absmax,
         output_absmax=line.output_absmax,
-        dtype_max=dtype_max,
-        fraction_of_dtype_max=fraction,
+        dtype_max=line.dtype_max,
+        fraction_of_dtype_max=line.fraction_of_dtype_max,
     )
 
 
@@ -257,57 +188,20 @@ def _summarise_logits(lines: Sequence[LogitsLine]) -> LogitsSummary | None:
 
 
 def suggest_fix(
-    first: ModuleFinding, header: HeaderLine | None, lines: Sequence[ModuleLine]
+    first: ModuleLine, header: HeaderLine | None, lines: Sequence[ModuleLine]
 ) -> SuggestedFix | None:
-    """A shipped fix that targets the culprit module, with the evidence; None when none does."""
+    """The first shipped fix that says it targets the culprit module, with its evidence; None when none
+    does. Each fix judges for itself (`Fix.trace_suggestion`): this function names none of them."""
     enabled = set(header.fixes) if header else set()
-    leaf = first.module.rsplit(".", 1)[-1]
-    model = (header.model_class if header else "") + " " + " ".join(header.architectures if header else [])
-    in_vision_embedder = "vision_embedder" in first.module or "embed_vision" in first.module
-    half = first.dtype == "float16" or (header is not None and header.dtype == "float16")
-    if leaf in ("patch_dense", "patch_ln2") and (in_vision_embedder or "Gemma4Unified" in model) and half:
-        where = ""
-        if first.first_bad is not None:
-            where = f" (first at token {first.first_bad.token}, channel {first.first_bad.channel})"
-        peak = ""
-        if first.output_absmax is not None:
-            peak = f"; the finite part reaches {first.output_absmax:g}"
-            if first.fraction_of_dtype_max is not None:
-                peak += f" ({first.fraction_of_dtype_max:.0%} of float16's 65504)"
-        evidence = (
-            f"{first.module} of a Gemma4 Unified vision embedder computes in float16 and overflowed: "
-            f"{first.inf} Inf / {first.nan} NaN of {first.numel} values{where} from finite inputs "
-            f"(absmax {_num(first.input_absmax)}){peak}. fp32_projection computes patch_dense and patch_ln2 "
-            "in FP32 (vLLM #48231)."
-        )
-        return SuggestedFix(
-            name="fp32_projection", evidence=evidence, already_enabled="fp32_projection" in enabled
-        )
-    if "LoRA" in first.class_name:
-        base = next(
-            (
-                ln
-                for ln in lines
-                if ln.module == f"{first.module}.base_layer"
-                and ln.step == first.step
-                and ln.rank == first.rank
-            ),
-            None,
-        )
-        base_note = ""
-        if base is not None and base.output_finite:
-            base_note = f" while its base layer {base.module} ({base.class_name}) returned finite values"
-        evidence = (
-            f"{first.module} is a LoRA-wrapped layer ({first.class_name}); its output went non-finite from "
-            f"finite inputs{base_note}: the LoRA delta (punica's add_lora_linear) made the NaN. matmul_lora "
-            "computes the delta with torch.matmul (vLLM #48590, #47869)."
-        )
-        return SuggestedFix(name="matmul_lora", evidence=evidence, already_enabled="matmul_lora" in enabled)
+    for name in FIX_NAMES:
+        evidence = load_fix(name).trace_suggestion(first, header, lines)
+        if evidence:
+            return SuggestedFix(name=name, evidence=evidence, already_enabled=name in enabled)
     return None
 
 
 def analyse(
-    lines: Sequence[HeaderLine | StepLine | ModuleLine | LogitsLine],
+    lines: Sequence[TraceRecord],
     case_names: dict[str, str] | None = None,
 ) -> TraceReport:
     """Name the first module whose output is non-finite while its inputs were finite, and what follows.
@@ -362,7 +256,7 @@ def analyse(
                 "non-finite inputs (check the request's inputs, e.g. pixel values, and the KV cache)"
             )
 
-    suggested = suggest_fix(first, header, ordered) if first is not None else None
+    suggested = suggest_fix(first_line, header, ordered) if first_line is not None else None
 
     requests: list[RequestTrace] = []
     for request in request_order:

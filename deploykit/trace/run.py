@@ -1,5 +1,8 @@
 """`deploykit trace`: plan the profile, start vLLM eager with one sequence at a time and the trace hooks,
 run the case(s), stop vLLM, read what the hooks wrote, name the culprit, store one row (command `trace`).
+
+The stages up to a healthy vLLM, and the row's storing, are serve's (`deploykit.serve.stages`); the cases
+are judged before vLLM starts, so a case the profile's server cannot answer is refused at once.
 """
 
 from __future__ import annotations
@@ -13,18 +16,21 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from deploykit import exit_codes
+from deploykit.files import make_private_dirs
+from deploykit.plugin_contract import TRACE_ENV
 from deploykit.profile.schema import FixMode
-from deploykit.trace import TRACE_ENV
+from deploykit.serve.stages import StageFailure
 
 if TYPE_CHECKING:
     from deploykit.profile.schema import Profile, SmokeCase
     from deploykit.smoke import CaseResult, SmokeRequest
     from deploykit.trace.report import TraceReport
 
-EXIT_CLEAN = 0
-EXIT_FOUND = 1
-EXIT_ERROR = 2
 REQUEST_ID_PREFIX = "dktrace"
+# A trace that ends at one of these stages was refused for its input (the profile, its plan, the case):
+# nothing ran. Any other stage is work that failed.
+_INPUT_STAGES = frozenset({"profile", "cases", "plan"})
 
 
 class TraceOptions(BaseModel):
@@ -38,12 +44,6 @@ class TraceOptions(BaseModel):
     log_dir: Path | None = None
     quiet: bool = True
     max_tokens: int | None = None
-
-
-class TraceFailure(Exception):
-    def __init__(self, stage: str, message: str) -> None:
-        super().__init__(message)
-        self.stage = stage
 
 
 def trace_argv(argv: Sequence[str], port: int) -> list[str]:
@@ -64,12 +64,17 @@ def trace_argv(argv: Sequence[str], port: int) -> list[str]:
 def trace_cases(
     profile: Profile, case: str | None, prompt: str | None, max_tokens: int | None
 ) -> list[SmokeCase]:
+    """The cases to trace: one prompt, one kind, or the profile's own. A kind the profile's server cannot
+    answer (an image for a text-only model, a LoRA case without an adapter) fails the `cases` stage."""
     from deploykit.profile.schema import SmokeCase
     from deploykit.smoke import derive_cases
 
     if prompt is not None:
         cases = [SmokeCase(kind="completion", prompt=prompt)]
     elif case is not None:
+        refusal = unservable_case(profile, case)
+        if refusal:
+            raise StageFailure("cases", f"--case {case}: {refusal}")
         derived = [c for c in derive_cases(profile) if c.kind == case]
         cases = derived or [SmokeCase.model_validate({"kind": case})]
     else:
@@ -77,6 +82,21 @@ def trace_cases(
     if max_tokens is not None:
         cases = [c.model_copy(update={"max_tokens": max_tokens}) for c in cases]
     return cases
+
+
+def unservable_case(profile: Profile, kind: str) -> str:
+    """Why the profile's server cannot answer a case of `kind` (empty when it can)."""
+    if kind == "image" and not profile.model.multimodal:
+        return (
+            f"profile {profile.name} serves a text-only model (model.multimodal is false), which refuses "
+            "images; pick another case, or a multimodal profile"
+        )
+    if kind == "lora_long" and not (profile.serve.lora.enabled and profile.serve.lora.adapters):
+        return (
+            f"profile {profile.name} serves no LoRA adapter (serve.lora), so there is nothing for this "
+            "case to check; pick another case, or a profile with an adapter"
+        )
+    return ""
 
 
 def request_id(index: int, request: SmokeRequest) -> str:
@@ -118,90 +138,76 @@ def run_trace(options: TraceOptions, say: Any = None) -> tuple[int, TraceReport 
     from deploykit.net import free_port
     from deploykit.paths import default_log_dir
     from deploykit.plan import make_plan
-    from deploykit.probe.load import probe
-    from deploykit.profile.load import load_profile
-    from deploykit.profile.schema import ProfileError
-    from deploykit.serve.console import ConsoleUI
-    from deploykit.serve.helpers import (
-        child_environment,
-        plan_for_store,
-        redact,
-        resolve_executable,
-        secret_values,
+    from deploykit.serve.console import log_echo
+    from deploykit.serve.helpers import deploykit_version, plan_for_store, redact, secret_values
+    from deploykit.serve.stages import (
+        check_plan,
+        ensure_model,
+        launch_environment,
+        load,
+        probe_machine,
+        profile_api_key,
+        start_vllm,
+        wait_healthy,
     )
-    from deploykit.serve.launch import LaunchError, start_server
-    from deploykit.smoke import smoke_requests, special_token_ids
+    from deploykit.smoke import requests_for_profile, special_token_ids
     from deploykit.store import ResultRecord
+    from deploykit.store_row import store_row
     from deploykit.trace.report import analyse, read_trace_dir, render_text
 
     say = say or (lambda message: None)
     started = time.monotonic()
     record = ResultRecord(command="trace", verdict="error", stage="profile", profile_name=options.profile)
-    record.versions = {"deploykit": _deploykit_version()}
+    record.versions = {"deploykit": deploykit_version()}
     secrets: list[str] = secret_values(None, os.environ)
     server = None
     report: TraceReport | None = None
-    code = EXIT_ERROR
+    code = exit_codes.FAILED
     try:
-        try:
-            loaded = load_profile(options.profile)
-        except ProfileError as exc:
-            issues = "; ".join(str(issue) for issue in exc.issues) or str(exc)
-            raise TraceFailure("profile", f"the profile cannot be used: {issues}") from None
+        loaded = load(options.profile)
         profile = loaded.profile
         record.profile_name, record.profile_id = profile.name, loaded.id
+        record.stage = "cases"
+        cases = trace_cases(profile, options.case, options.prompt, options.max_tokens)
         record.stage = "probe"
-        facts = probe()
+        facts, versions = probe_machine()
         record.facts = facts.model_dump(mode="json")
-        record.versions.update({"vllm": facts.vllm_version, "torch": facts.torch_version})
+        record.versions.update(versions)
         record.stage = "plan"
         plan = make_plan(loaded, facts, options.overrides)
-        if plan.errors:
-            raise TraceFailure("plan", "the plan has errors: " + "; ".join(plan.errors))
+        check_plan(plan)
         secrets = secret_values(plan, os.environ)
         port = free_port()
         argv = trace_argv(plan.argv, port)
         record.plan = plan_for_store(plan, argv)
         record.base_url = base_url = f"http://127.0.0.1:{port}"
-        env = child_environment(plan, os.environ)
+        record.stage = "secrets"
+        env = launch_environment(plan, os.environ)
         log_dir = options.log_dir or default_log_dir()
-        log_dir.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(log_dir)  # the traces hold prompts' activations: the owner's alone
         directory = Path(tempfile.mkdtemp(prefix=f"trace-{profile.name}-", dir=log_dir))
         env[TRACE_ENV] = str(directory)
         record.stage = "model"
-        from deploykit.serve.attempt import ensure_model
-
-        ensure_model(plan, profile.model.source, ConsoleUI(quiet=True))
+        ensure_model(plan, profile.model.source, say)
         record.stage = "launch"
         log_path = directory / "vllm.log"
         launch_started = time.monotonic()
-        try:
-            server = start_server(
-                resolve_executable(argv), env, log_path=log_path, host="127.0.0.1", port=port
-            )
-        except LaunchError as exc:
-            raise TraceFailure("launch", str(exc)) from None
+        server = start_vllm(argv, env, log_path=log_path, host="127.0.0.1", port=port)
         record.log_path = str(log_path)
         say(f"vLLM started for the trace (eager, --max-num-seqs 1), pid {server.pid}, log {log_path}")
         record.stage = "startup"
-        try:
-            startup = server.wait_healthy(profile.deploy.startup_timeout_s, poll_s=0.2)
-        except LaunchError as exc:
-            tail = "\n".join(exc.log_tail.strip().splitlines()[-12:])
-            raise TraceFailure("startup", f"{exc}; last log lines:\n{tail}") from None
+        echo = None if options.quiet else log_echo(log_path, say, lambda line: redact(line, secrets))
+        startup = wait_healthy(server, profile.deploy.startup_timeout_s, echo)
         record.timings["startup_s"] = round(startup, 4)
         say(f"vLLM healthy after {startup:.1f} s")
         record.stage = "requests"
-        cases = trace_cases(profile, options.case, options.prompt, options.max_tokens)
-        adapters = list(profile.serve.lora.adapters)
-        requests = smoke_requests(cases, profile.served_name, adapters[0] if adapters else None)
-        api_key = os.environ.get(profile.serve.api_key_env) if profile.serve.api_key_env else None
+        requests = requests_for_profile(profile, cases)
         requests_started = time.monotonic()
         results, names = send_cases(
             base_url,
             requests,
             timeout_s=profile.smoke.timeout_s,
-            api_key=api_key,
+            api_key=profile_api_key(profile),
             special_ids=special_token_ids(plan.model_path),
             on_case=lambda r: say(
                 f"  {'ok  ' if r.passed else 'FAIL'} {r.name:<12} ids {r.first_ids[:8]}"
@@ -210,6 +216,8 @@ def run_trace(options: TraceOptions, say: Any = None) -> tuple[int, TraceReport 
         )
         record.timings["requests_s"] = round(time.monotonic() - requests_started, 4)
         record.cases = results
+        if echo is not None:  # --verbose: vLLM's lines for the requests too
+            echo()
         record.stage = "stop"
         stop_started = time.monotonic()
         server.stop()
@@ -220,7 +228,7 @@ def run_trace(options: TraceOptions, say: Any = None) -> tuple[int, TraceReport 
         record.stage = "report"
         report = analyse(read_trace_dir(directory), names)
         if report.modules_hooked == 0:
-            raise TraceFailure(
+            raise StageFailure(
                 "report",
                 f"no trace was written to {directory}: the deploykit plugin did not hook the model "
                 "(is deploykit installed in vLLM's environment, and VLLM_PLUGINS not excluding it?)",
@@ -229,40 +237,22 @@ def run_trace(options: TraceOptions, say: Any = None) -> tuple[int, TraceReport 
         record.verdict = "pass" if smoke_passed and not report.nonfinite_found else "fail"
         record.stage = "done"
         record.diagnosis = render_text(report)
-        code = EXIT_CLEAN if record.verdict == "pass" else EXIT_FOUND
-    except TraceFailure as exc:
+        code = exit_codes.OK if record.verdict == "pass" else exit_codes.FAILED
+    except StageFailure as exc:
         record.stage, record.diagnosis = exc.stage, str(exc)
+        code = exit_codes.USAGE if exc.stage in _INPUT_STAGES else exit_codes.FAILED
     except KeyboardInterrupt:
         record.verdict, record.diagnosis = "interrupted", f"interrupted during {record.stage}"
-        code = 130
+        code = exit_codes.INTERRUPTED
     finally:
         if server is not None:
             server.stop()
             record.log_tail = redact(server.log_tail(60), secrets)
     record.timings["total_s"] = round(time.monotonic() - started, 4)
     record.diagnosis = redact(record.diagnosis, secrets)
-    stored = _store(record, options.store_url)
-    say(stored)
+    result_id, where = store_row(record, options.store_url, say)
+    if result_id is not None:
+        say(f"result #{result_id} stored in {where}")
     if record.verdict == "error":
         say(f"trace: ERROR at {record.stage}: {record.diagnosis}")
     return code, report
-
-
-def _store(record: Any, url: str | None) -> str:
-    from deploykit.store import StoreError, open_store
-
-    try:
-        store = open_store(url)
-    except StoreError as exc:
-        return f"the result could not be stored: {exc}"
-    try:
-        result_id = store.add(record)
-        return f"result #{result_id} stored in {store.display_url}"
-    finally:
-        store.close()
-
-
-def _deploykit_version() -> str:
-    from deploykit import __version__
-
-    return __version__

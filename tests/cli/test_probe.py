@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 import deploykit.probe.load
 import deploykit.probe.nvml_reader
 from deploykit.cli import app
+from deploykit.exit_codes import NO_GPU
 from tests.fakes.fake_nvml import CONTRACT_KEYS, FakeNvml, load_gpu_fixture
 
 DEPLOYKIT = Path(sys.executable).with_name("deploykit")
@@ -52,10 +53,10 @@ def assert_one_clear_line(stderr: str) -> None:
 
 
 @no_gpu_here
-def test_probe_table_without_gpu_exits_3_with_one_clear_line() -> None:
+def test_probe_table_without_gpu_exits_no_gpu_with_one_clear_line() -> None:
     result = run_deploykit("probe")
 
-    assert result.returncode == 3
+    assert result.returncode == NO_GPU
     assert_one_clear_line(result.stderr)
     assert "driver -" in result.stdout  # the host line still tells what is installed
     assert "vllm " in result.stdout and "torch " in result.stdout
@@ -65,7 +66,7 @@ def test_probe_table_without_gpu_exits_3_with_one_clear_line() -> None:
 def test_probe_json_without_gpu_is_still_the_json_contract() -> None:
     result = run_deploykit("probe", "--format", "json")
 
-    assert result.returncode == 3
+    assert result.returncode == NO_GPU
     assert_one_clear_line(result.stderr)
     data = json.loads(result.stdout)
     assert set(data) >= CONTRACT_KEYS
@@ -84,7 +85,7 @@ def test_probe_save_writes_the_json_it_prints(tmp_path: Path) -> None:
 
     result = run_deploykit("probe", "--format", "json", "--save", str(saved))
 
-    assert result.returncode == 3
+    assert result.returncode == NO_GPU
     assert json.loads(saved.read_text()) == json.loads(result.stdout)
     loaded = deploykit.probe.load.load_facts(str(saved))
     assert loaded.gpus == [] and loaded.error == json.loads(result.stdout)["error"]
@@ -129,12 +130,12 @@ def test_probe_table_with_gpus(fake_nvml: FakeNvml) -> None:
     assert "535.129.03" in result.stdout
 
 
-def test_probe_with_a_lost_gpu_exits_3_naming_it(fake_nvml: FakeNvml) -> None:
+def test_probe_with_a_lost_gpu_exits_no_gpu_naming_it(fake_nvml: FakeNvml) -> None:
     fake_nvml.lost = {1: "nvmlDeviceGetMemoryInfo"}
 
     result = CliRunner().invoke(app, ["probe", "--format", "json"])
 
-    assert result.exit_code == 3
+    assert result.exit_code == NO_GPU
     [line] = result.stderr.strip().splitlines()
     assert line.startswith("deploykit probe: GPU 1 stopped answering")
     data = json.loads(result.stdout)

@@ -35,8 +35,8 @@ import yaml
 from packaging.requirements import Requirement
 
 from deploykit import DISTRIBUTION
-from deploykit.fix_check import PLUGIN_NOT_LOADED
 from deploykit.fixes.penalties import PROCESSOR
+from deploykit.smoke.fix_check import PLUGIN_NOT_LOADED
 from deploykit.store import ResultRecord, open_store
 from tests.e2e.test_serve_e2e import command_env
 from tests.render.test_helm import find_helm

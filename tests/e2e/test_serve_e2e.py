@@ -121,8 +121,9 @@ def test_demo_passes_and_its_row_is_in_the_default_store(demo: DemoServer) -> No
         "long_then_short:short",
         "long_then_short:long",
         "long_then_short:again",
+        "fingerprint",  # docs/fingerprints.md
     ]
-    assert f"verdict: PASS (done): all 7 cases passed ({', '.join(names)})" in output
+    assert f"verdict: PASS (done): all 8 cases passed ({', '.join(names)})" in output
     assert f"stored in {demo.store_url}" in output  # XDG_DATA_HOME/deploykit/results.sqlite
     record = only_row(demo.store_url)
     assert record.verdict == "pass" and record.profile_name == "demo-cpu"
@@ -132,7 +133,7 @@ def test_demo_passes_and_its_row_is_in_the_default_store(demo: DemoServer) -> No
         assert case.passed and case.http_status == 200
         assert case.first_ids and any(i not in (0, 1, 2, 3) for i in case.first_ids)
         assert case.finish_reason in ("length", "stop") and case.latency_s > 0
-        if case.finish_reason == "length":
+        if case.finish_reason == "length" and case.name != "fingerprint":  # its probes ask for 8 tokens
             assert len(case.first_ids) == 16
     assert record.plan is not None
     argv = record.plan["argv"]
@@ -154,7 +155,7 @@ def test_smoke_command_against_the_running_server_stores_in_postgres(
         assert smoke.finish(180) == 0, smoke.output
         record = only_row(pg)
         assert record.command == "smoke" and record.verdict == "pass"
-        assert len(record.cases) == 7 and all(c.passed for c in record.cases)
+        assert len(record.cases) == 8 and all(c.passed for c in record.cases)  # 7 + the fingerprint
     wrong = CommandRun(["smoke", "--url", url, "--model", "nope", "--no-store"], command_env(tmp_path))
     assert wrong.finish(180) == 1
     assert "HTTP 404" in wrong.output

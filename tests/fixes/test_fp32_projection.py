@@ -9,6 +9,7 @@ and patch_ln2 turns those rows into NaN; with it everything is finite and matche
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,7 +17,10 @@ import pytest
 
 from deploykit.fixes import fp32_projection
 from deploykit.fixes.base import FixError, TargetStatus
+from deploykit.installed import vllm_version_label
 from tests.e2e.gemma4_models import gemma4_unified_in_one_process
+
+pytestmark = pytest.mark.vllm_import  # vLLM's Gemma4 module, in this process
 
 PATCH_DIM = 6912  # (16 * 3) ** 2 * 3: Gemma4 Unified's default patch_size 16, pooling 3
 EMBED_DIM = 3840
@@ -294,7 +298,7 @@ def test_quantized_patch_dense_is_refused_and_an_ignored_one_is_fixed(
                 config, quant_config=_compressed_tensors_w4a16(ignore=[]), prefix="vision_embedder"
             )
     message = str(refused.value)
-    assert "fp32_projection" in message and "0.32" in message
+    assert "fp32_projection" in message and vllm_version_label() in message  # the vLLM it runs in
     assert "vision_embedder.patch_dense is quantized" in message and "ignore" in message
 
 
@@ -321,7 +325,7 @@ def test_upstream_fix_is_detected_and_vllm_left_alone(
     assert check.status is TargetStatus.FIXED_UPSTREAM, check.detail
     assert "supported_dtypes" in check.detail
     described = fp32_projection.apply()
-    assert "fixed upstream" in described and "0.32" in described
+    assert "fixed upstream" in described and vllm_version_label() in described
     assert embedder_class.__init__ is upstream_init
 
 
@@ -335,6 +339,7 @@ def test_changed_target_shape_fails_loudly(vllm_one_process: Any, monkeypatch: p
     check = fp32_projection.check_target()
     assert check.status is TargetStatus.TARGET_MISSING
     assert "image_mask" in check.detail
-    with pytest.raises(FixError, match=r"fp32_projection: cannot apply to vLLM 0\.32.*forward"):
+    version = re.escape(vllm_version_label())
+    with pytest.raises(FixError, match=rf"fp32_projection: cannot apply to vLLM {version}.*forward"):
         fp32_projection.apply()
     assert not hasattr(embedder_class.__init__, fp32_projection.PATCH_MARKER)

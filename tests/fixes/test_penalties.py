@@ -8,6 +8,7 @@ reference is `vllm.v1.sample.ops.penalties.apply_all_penalties` fed from the sam
 from __future__ import annotations
 
 import random
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch  # noq
 from deploykit.fixes import _penalties_processor as impl  # noqa: E402
 from deploykit.fixes import penalties  # noqa: E402
 from deploykit.fixes.base import FixError, TargetStatus  # noqa: E402
+from deploykit.installed import vllm_version_label  # noqa: E402
 
 CPU = torch.device("cpu")
 
@@ -573,7 +575,7 @@ def test_target_missing_fails_loudly(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delattr(InputBatch, "no_penalties")
     check = penalties.check_target()
     assert check.status is TargetStatus.TARGET_MISSING
-    with pytest.raises(FixError, match=r"device_penalties.*vLLM 0\.32"):
+    with pytest.raises(FixError, match=rf"device_penalties.*vLLM {re.escape(vllm_version_label())}"):
         penalties.apply()
     with pytest.raises(FixError, match="device_penalties"):
         impl.DevicePenaltiesProcessor(fake_vllm_config(4, 100, 128), CPU, False)

@@ -15,9 +15,7 @@ from deploykit.profile.schema import LoadedProfile
 from deploykit.serve.console import LogFollower
 from deploykit.serve.helpers import (
     REDACTED,
-    ServeFailure,
     argv_value,
-    child_environment,
     exit_code_for,
     overhead,
     redact,
@@ -26,6 +24,7 @@ from deploykit.serve.helpers import (
     with_port,
 )
 from deploykit.serve.signals import SignalGate
+from deploykit.serve.stages import StageFailure, launch_environment
 from deploykit.store import ResultRecord
 
 PROFILE = """
@@ -60,7 +59,7 @@ def test_vllm_resolves_to_the_one_beside_this_python() -> None:
     assert resolve_executable(["/opt/vllm", "serve"])[0] == "/opt/vllm"
 
 
-def test_secrets_are_resolved_only_into_the_child_environment() -> None:
+def test_secrets_are_resolved_only_into_the_launch_environment() -> None:
     the_plan = plan()
     assert the_plan.env["HF_TOKEN"] == "${MY_HF_TOKEN}"
     parent = {
@@ -69,7 +68,7 @@ def test_secrets_are_resolved_only_into_the_child_environment() -> None:
         "MY_API_KEY": "key-123456",
         "DEPLOYKIT_FIXES": "x",
     }
-    env = child_environment(the_plan, parent)
+    env = launch_environment(the_plan, parent)
     assert env["HF_TOKEN"] == "hf_secretvalue"
     assert env["VLLM_API_KEY"] == "key-123456"
     assert env["HF_HUB_OFFLINE"] == "1" and env["PATH"] == "/bin"
@@ -78,8 +77,8 @@ def test_secrets_are_resolved_only_into_the_child_environment() -> None:
 
 
 def test_every_missing_secret_is_named() -> None:
-    with pytest.raises(ServeFailure) as caught:
-        child_environment(plan(), {"PATH": "/bin"})
+    with pytest.raises(StageFailure) as caught:
+        launch_environment(plan(), {"PATH": "/bin"})
     assert caught.value.stage == "secrets"
     assert "HF_TOKEN (from $MY_HF_TOKEN)" in str(caught.value)
     assert "VLLM_API_KEY (from $MY_API_KEY)" in str(caught.value)

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from deploykit.serve import attempt as attempt_module
-from deploykit.serve.attempt import Attempt, ServeOptions
 from deploykit.serve.console import ConsoleUI
+from deploykit.serve.options import ServeOptions
 from deploykit.serve.remote_smoke import SmokeOptions, run_remote_smoke
+from deploykit.serve.stages import Attempt, smoke_attempt
 from deploykit.smoke import SmokeReport
 from tests.profile_variants import profile_variant
 
@@ -25,12 +25,18 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         seen.update(kwargs)
         return SmokeReport(passed=True, diagnosis="ok", cases=[])
 
-    monkeypatch.setattr("deploykit.smoke.run_smoke", fake_run_smoke)
+    monkeypatch.setattr("deploykit.smoke.client.run_smoke", fake_run_smoke)
     return seen
 
 
 def tolerant(tmp_path: Path) -> Path:
-    changes = {"name": "tolerant", "smoke.tie_tolerance": 0.3, "smoke.logprob_tolerance": 0.2}
+    # No fingerprint: the faked smoke has no server to probe (tests/smoke/test_fingerprint*.py cover it).
+    changes = {
+        "name": "tolerant",
+        "smoke.tie_tolerance": 0.3,
+        "smoke.logprob_tolerance": 0.2,
+        "smoke.fingerprint.enabled": False,
+    }
     return profile_variant(tmp_path, "demo-cpu", changes)
 
 
@@ -60,5 +66,5 @@ def test_serve_smoke_passes_the_profiles_tolerances(tmp_path: Path, captured: di
         plan=SimpleNamespace(model_path=None, enabled_fixes=[]),  # type: ignore[arg-type]
         base_url="http://127.0.0.1:1",
     )
-    attempt_module.smoke_attempt(attempt, ConsoleUI(quiet=True))
+    smoke_attempt(attempt, ConsoleUI(quiet=True))
     assert (captured["tie_tolerance"], captured["logprob_tolerance"]) == (0.3, 0.2)

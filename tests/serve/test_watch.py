@@ -13,16 +13,19 @@ from typing import Any
 import httpx
 import pytest
 
+from deploykit import exit_codes
+from deploykit.canary.config import config_for_profile
+from deploykit.canary.listener import serve_http
+from deploykit.canary.state import CanaryState
 from deploykit.profile.load import load_profile
 from deploykit.serve import watch
-from deploykit.serve.attempt import Attempt, ServeOptions
-from deploykit.serve.canary import CanaryState, config_for_profile, serve_http
 from deploykit.serve.console import ConsoleUI
-from deploykit.serve.helpers import EXIT_FAIL, EXIT_PASS
+from deploykit.serve.options import ServeOptions
 from deploykit.serve.signals import SignalGate
+from deploykit.serve.stages import Attempt
 from deploykit.serve.watch import CanaryWatch, RestartBudget
 from deploykit.store import open_store
-from tests.serve.test_canary import GOOD, MISS, WRONG, make, stored
+from tests.canary.test_canary import GOOD, MISS, WRONG, make, stored
 
 FACTS = Path(__file__).resolve().parents[1] / "fixtures" / "facts"
 
@@ -105,7 +108,7 @@ def test_livez_fails_on_corruption_or_a_dead_server_never_on_misses(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     up = {"ok": True}
-    monkeypatch.setattr("deploykit.serve.canary.server_health_ok", lambda url, timeout: up["ok"])
+    monkeypatch.setattr("deploykit.canary.discovery.server_health_ok", lambda url, timeout: up["ok"])
     canary, _, _ = make(tmp_path, GOOD, *[MISS] * 6, WRONG, store=False)
     server = serve_http(canary, "127.0.0.1", 0)
     base = f"http://127.0.0.1:{server.server_address[1]}"
@@ -140,7 +143,7 @@ def test_watch_restarts_resets_when_health_comes_back(
             stop.set()
             return True
 
-    monkeypatch.setattr("deploykit.serve.canary.server_health_ok", health)
+    monkeypatch.setattr("deploykit.canary.discovery.server_health_ok", health)
     canary, _, _ = make(tmp_path, WRONG, store=False)
     canary.run_once()
     canary.watch_restarts(stop, poll_s=0)
@@ -222,7 +225,9 @@ def test_stop_on_corruption(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(watch, "start_watch", lambda attempt, ui: fake)
     attempt, url = serving(tmp_path, on_corruption="stop")
     server = attempt.server
-    assert watch.serve_foreground(attempt, SignalGate(armed=False), ConsoleUI(quiet=True)) == EXIT_FAIL
+    assert (
+        watch.serve_foreground(attempt, SignalGate(armed=False), ConsoleUI(quiet=True)) == exit_codes.FAILED
+    )
     assert server.stopped == 1 and fake.closed  # type: ignore[union-attr]
     ((command, stage, diagnosis),) = rows(url)
     assert (command, stage) == ("serve", "corruption") and "--on-corruption stop" in diagnosis
@@ -242,7 +247,9 @@ def test_restart_then_cap_then_stop(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(watch, "_relaunch", relaunch)
     attempt, url = serving(tmp_path, on_corruption="restart", max_restarts_per_hour=1)
     first = attempt.server
-    assert watch.serve_foreground(attempt, SignalGate(armed=False), ConsoleUI(quiet=True)) == EXIT_FAIL
+    assert (
+        watch.serve_foreground(attempt, SignalGate(armed=False), ConsoleUI(quiet=True)) == exit_codes.FAILED
+    )
     assert relaunched == [1] and first.stopped == 1  # type: ignore[union-attr]
     assert fake.starts == 2  # resumed after the restart
     decisions = [d for _, stage, d in rows(url) if stage == "corruption"]
@@ -264,7 +271,9 @@ def test_a_failed_smoke_after_the_restart_counts_as_corruption(
 
     monkeypatch.setattr(watch, "_relaunch", relaunch)
     attempt, url = serving(tmp_path, max_restarts_per_hour=1)
-    assert watch.serve_foreground(attempt, SignalGate(armed=False), ConsoleUI(quiet=True)) == EXIT_FAIL
+    assert (
+        watch.serve_foreground(attempt, SignalGate(armed=False), ConsoleUI(quiet=True)) == exit_codes.FAILED
+    )
     assert [stage for _, stage, _ in rows(url)] == ["corruption", "corruption"]
 
 
@@ -280,7 +289,7 @@ def test_ignore_keeps_serving_until_a_signal(tmp_path: Path, monkeypatch: pytest
             said.append(message)
             gate.received = signal.SIGTERM  # after the warning, stop
 
-    assert watch.serve_foreground(attempt, gate, UI(quiet=True)) == EXIT_PASS
+    assert watch.serve_foreground(attempt, gate, UI(quiet=True)) == exit_codes.OK
     assert any("serving on (--on-corruption ignore)" in m for m in said)
     assert rows(url) == []  # serve stores nothing for ignore; the canary's own row says it
 

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from deploykit import exit_codes
 from deploykit.profile.schema import FixMode
 from deploykit.trace.report import TraceReport
-from deploykit.trace.run import EXIT_CLEAN, EXIT_FOUND, TraceOptions, run_trace
+from deploykit.trace.run import TraceOptions, run_trace
 from tests.trace.models import tiny_variant, write_profile
 from tests.vllm_harness import REPO
 
@@ -60,7 +61,7 @@ def test_final_norm_weight_inf_names_model_norm_through_the_cli(tiny_model_dir: 
         timeout=600,
     )
     print(run.stderr[-3000:])
-    assert run.returncode == EXIT_FOUND, run.stderr[-2000:]
+    assert run.returncode == exit_codes.FAILED, run.stderr[-2000:]
     report = json.loads(run.stdout)
     first = report["first"]
     assert first["module"] == "model.norm"
@@ -79,7 +80,7 @@ def test_final_norm_weight_inf_names_model_norm_through_the_cli(tiny_model_dir: 
 def test_layer_weight_inf_names_that_layer(tiny_model_dir: Path, tmp_path: Path) -> None:
     profile = write_profile(tmp_path, "trace-layer-inf", tiny_variant(tiny_model_dir, "layer-inf"))
     code, report = trace(profile, tmp_path)
-    assert code == EXIT_FOUND
+    assert code == exit_codes.FAILED
     assert report.first is not None
     assert report.first.module == "model.layers.1.mlp.down_proj"
     assert report.first.class_name == "RowParallelLinear" and report.first.inputs_finite
@@ -91,7 +92,7 @@ def test_layer_weight_inf_names_that_layer(tiny_model_dir: Path, tmp_path: Path)
 def test_healthy_model_reports_none(tiny_model_dir: Path, tmp_path: Path) -> None:
     profile = write_profile(tmp_path, "trace-healthy", tiny_model_dir)
     code, report = trace(profile, tmp_path, case="completion")
-    assert code == EXIT_CLEAN
+    assert code == exit_codes.OK
     assert report.first is None and report.spread == [] and report.suggested_fix is None
     assert report.logits is not None and report.logits.nonfinite == 0
     assert report.logits.constant_rows == 0
@@ -107,7 +108,7 @@ def test_all_zero_lm_head_reports_none_with_constant_logits(tiny_model_dir: Path
     assert report.logits.rows > 0 and report.logits.constant_rows == report.logits.rows
     assert report.logits.min == report.logits.max == 0.0 and set(report.logits.argmax) == {0}
     assert any("finite but constant" in f and "token 0" in f for f in report.findings)
-    assert code == EXIT_FOUND  # the smoke case fails: token 0 forever
+    assert code == exit_codes.FAILED  # the smoke case fails: token 0 forever
 
 
 def test_start_up_dummy_run_never_counts(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -126,7 +127,7 @@ def test_start_up_dummy_run_never_counts(tiny_model_dir: Path, tmp_path: Path) -
     # ... and the trace does not count it
     assert report.first is None and report.spread == []
     assert report.requests and all(r.id.startswith("cmpl-dktrace-") for r in report.requests)
-    assert code == EXIT_CLEAN
+    assert code == exit_codes.OK
 
 
 # --- the FP16 Gemma4 Unified of the fp32_projection tests --------------------------------------------
@@ -160,7 +161,7 @@ def gemma4_profile(tmp_path: Path) -> Path:
 
 def test_gemma4_fp16_names_patch_dense_and_suggests_fp32_projection(tmp_path: Path) -> None:
     code, report = trace(gemma4_profile(tmp_path), tmp_path, overrides={"fp32_projection": FixMode.OFF})
-    assert code == EXIT_FOUND
+    assert code == exit_codes.FAILED
     assert report.first is not None
     assert report.first.module.endswith("vision_embedder.patch_dense"), report.first.module
     assert report.first.dtype == "float16" and report.first.inf > 0
@@ -175,4 +176,4 @@ def test_gemma4_fp16_with_fp32_projection_has_no_non_finite_value(tmp_path: Path
     assert report.fixes_enabled == ["fp32_projection"]
     assert report.first is None and report.spread == []
     assert report.logits is not None and report.logits.nonfinite == 0
-    assert code == EXIT_CLEAN
+    assert code == exit_codes.OK

@@ -7,7 +7,8 @@ first bad one is, the absmax of its finite part). Forward calls count only insid
 `execute_model` / `sample_tokens` and never inside its dummy runs (`_dummy_run`, `profile_run`, ...):
 vLLM's start-up profile run feeds all-zero inputs and must not be blamed. One JSON line per module call,
 in execution order (a module's line is written when its forward returns, so children come before their
-parent), to `trace-rank{R}-{pid}.jsonl` where R is the tensor parallel rank.
+parent), to `trace-rank{R}-{pid}.jsonl` where R is the tensor parallel rank. The records are the models
+of `deploykit.trace_records`, the schema `deploykit.trace.report` reads them with.
 
 Torch and vLLM are imported inside functions: importing this module is cheap.
 """
@@ -15,17 +16,24 @@ Torch and vLLM are imported inside functions: importing this module is cheap.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from deploykit.trace import TRACE_ENV
+from deploykit.files import make_private_dirs, private_append
+from deploykit.plugin_contract import (
+    FIXES_ENV,
+    TRACE_DEFAULT_MAX_STEPS,
+    TRACE_ENV,
+    TRACE_MAX_STEPS_ENV,
+    trace_file_name,
+)
+from deploykit.trace_records import HeaderLine, LogitsLine, ModuleLine, StepLine, TraceRecord
 
-MAX_STEPS_ENV = "DEPLOYKIT_TRACE_MAX_STEPS"
-DEFAULT_MAX_STEPS = 256
+MAX_STEPS_ENV = TRACE_MAX_STEPS_ENV
+DEFAULT_MAX_STEPS = TRACE_DEFAULT_MAX_STEPS
 WORKER_MODULE = "vllm.v1.worker.gpu_worker"
 WORKER_CLASS = "Worker"
 # The runner methods that carry real requests, and the ones vLLM uses for dummy / profile / warm-up runs
@@ -205,14 +213,16 @@ class TraceState:
     def recording(self) -> bool:
         return self.real_depth > 0 and self.dummy_depth == 0 and 0 <= self.step < self.max_steps
 
-    def emit(self, record: dict[str, Any]) -> None:
-        self.lines.append(json.dumps({**record, "rank": self.rank}, allow_nan=False))
+    def emit(self, record: TraceRecord) -> None:
+        """Buffer one record, stamped with this worker's rank; written at the end of the step."""
+        record.rank = self.rank
+        self.lines.append(record.to_json_line())
 
     def flush(self) -> None:
         if not self.lines:
             return
-        with self.path.open("a", encoding="utf-8") as handle:
-            handle.write("\n".join(self.lines) + "\n")
+        with private_append(self.path) as handle:  # 0600, never through a link
+            handle.write(("\n".join(self.lines) + "\n").encode("utf-8"))
         self.lines.clear()
 
 
@@ -266,9 +276,9 @@ def hook_runner(runner: Any, directory: Path, *, rank: int | None = None) -> Tra
             "not a torch.nn.Module (compiled or wrapped?); trace needs --enforce-eager"
         )
     tp_rank, tp_size = _tensor_parallel(0 if rank is None else rank)
-    directory.mkdir(parents=True, exist_ok=True)
+    make_private_dirs(directory)
     max_steps = int(os.environ.get(MAX_STEPS_ENV, DEFAULT_MAX_STEPS))
-    state = TraceState(directory / f"trace-rank{tp_rank}-{os.getpid()}.jsonl", tp_rank, max_steps)
+    state = TraceState(directory / trace_file_name(tp_rank, os.getpid()), tp_rank, max_steps)
 
     def enter_real(*args: Any, **kwargs: Any) -> None:
         if state.real_depth == 0 and state.dummy_depth == 0:
@@ -278,9 +288,7 @@ def hook_runner(runner: Any, directory: Path, *, rank: int | None = None) -> Tra
                 state.order = 0
                 state.pending.clear()
                 if 0 <= state.step < state.max_steps:
-                    state.emit(
-                        {"kind": "step", "step": state.step, "requests": requests, "num_tokens": tokens}
-                    )
+                    state.emit(StepLine(step=state.step, requests=requests, num_tokens=tokens))
         state.real_depth += 1
 
     def exit_real() -> None:
@@ -312,17 +320,16 @@ def hook_runner(runner: Any, directory: Path, *, rank: int | None = None) -> Tra
     )
     first_param = next(model.parameters(), None)
     state.emit(
-        {
-            "kind": "header",
-            "pid": os.getpid(),
-            "vllm": version,
-            "model_class": type(model).__name__,
-            "architectures": list(architectures or []),
-            "modules_hooked": hooked,
-            "dtype": str(first_param.dtype).removeprefix("torch.") if first_param is not None else None,
-            "fixes": [f.strip() for f in os.environ.get("DEPLOYKIT_FIXES", "").split(",") if f.strip()],
-            "tp_size": tp_size,
-        }
+        HeaderLine(
+            pid=os.getpid(),
+            vllm=version,
+            model_class=type(model).__name__,
+            architectures=list(architectures or []),
+            modules_hooked=hooked,
+            dtype=str(first_param.dtype).removeprefix("torch.") if first_param is not None else None,
+            fixes=[f.strip() for f in os.environ.get(FIXES_ENV, "").split(",") if f.strip()],
+            tp_size=tp_size,
+        )
     )
     state.flush()
     logger.info(
@@ -350,16 +357,15 @@ def _hook_module(module: Any, name: str, state: TraceState) -> None:
             return
         stack = state.pending.get(key)
         inputs_finite, input_absmax = stack.pop() if stack else (True, None)
-        record = {
-            "kind": "module",
-            "step": state.step,
-            "order": state.order,
-            "module": name,
-            "class": class_name,
-            "inputs_finite": inputs_finite,
-            "input_absmax": input_absmax,
+        record = ModuleLine(
+            step=state.step,
+            order=state.order,
+            module=name,
+            class_name=class_name,
+            inputs_finite=inputs_finite,
+            input_absmax=input_absmax,
             **output_stats(floating_tensors(output)),
-        }
+        )
         state.order += 1
         state.emit(record)
 
@@ -378,7 +384,7 @@ def _wrap_compute_logits(model: Any, state: TraceState) -> None:
         if state.recording:
             stats = logits_stats(logits)
             if stats is not None:
-                state.emit({"kind": "logits", "step": state.step, **stats})
+                state.emit(LogitsLine(step=state.step, **stats))
         return logits
 
     model.compute_logits = compute_logits

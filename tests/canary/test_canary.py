@@ -18,22 +18,13 @@ from typing import Any
 import httpx
 import pytest
 
+from deploykit.canary.config import CanaryOptions, build_config, config_for_profile
+from deploykit.canary.listener import parse_listen, serve_http
+from deploykit.canary.rotation import case_labels, rotation_for
+from deploykit.canary.runner import Canary, CanaryConfig, RunSummary
+from deploykit.canary.state import CanaryState, outcome_of
 from deploykit.profile.load import load_profile
 from deploykit.profile.schema import SmokeCase
-from deploykit.serve.canary import (
-    Canary,
-    CanaryConfig,
-    CanaryOptions,
-    CanaryState,
-    RunSummary,
-    build_config,
-    case_labels,
-    config_for_profile,
-    outcome_of,
-    parse_listen,
-    rotation_for,
-    serve_http,
-)
 from deploykit.smoke import CaseResult, SmokeReport, summarise
 from deploykit.store import open_store
 
@@ -371,7 +362,7 @@ def test_run_canary_warns_on_stderr_when_the_verdict_file_cannot_be_written(tmp_
 # SIGINT after two runs.
 RUN_CANARY = """
 import os, signal, sys
-from deploykit.serve import canary as module
+from deploykit.canary import command as module
 from deploykit.profile.schema import SmokeCase
 from deploykit.smoke import CaseResult, summarise
 
@@ -411,7 +402,7 @@ def test_the_cli_passes_verdict_file_on(monkeypatch: pytest.MonkeyPatch) -> None
         got.append(options)
         return 0
 
-    monkeypatch.setattr("deploykit.serve.canary.run_canary", fake_run_canary)
+    monkeypatch.setattr("deploykit.canary.command.run_canary", fake_run_canary)
     argv = ["canary", "--url", "http://127.0.0.1:8000", "--verdict-file", "/run/deploykit/verdict.json"]
     result = CliRunner().invoke(app, argv)
     assert result.exit_code == 0, result.output
@@ -421,7 +412,7 @@ def test_the_cli_passes_verdict_file_on(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_build_config_carries_the_verdict_file(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("deploykit.serve.canary.discover_model", lambda url, key, wanted: ("tiny", 2048))
+    monkeypatch.setattr("deploykit.canary.discovery.discover_model", lambda url, key, wanted: ("tiny", 2048))
     config = build_config(CanaryOptions(url="http://127.0.0.1:1", verdict_file="/run/v.json"))
     assert config.verdict_file == "/run/v.json"
     profile = load_profile("demo-cpu").profile

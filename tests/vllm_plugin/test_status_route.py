@@ -5,21 +5,24 @@ A fake vLLM stands in here (no import of the real one); tests/e2e/test_fix_statu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
+from collections.abc import Iterator
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import httpx
 import pytest
 
-from deploykit import plugin, plugin_status
 from deploykit.fixes.base import FixError
+from deploykit.plugin_contract import FIXES_ENV
+from deploykit.vllm_plugin import applied, entry, status_route
 
 
-def fake_vllm(
-    monkeypatch: pytest.MonkeyPatch, *, loader: bool = True, forwards: bool = True
-) -> SimpleNamespace:
-    """vllm.plugins (+ endpoint_plugins.interface) and vllm.v1.worker.worker_base, in 0.32's shape."""
+@contextlib.contextmanager
+def fake_vllm(*, loader: bool = True, forwards: bool = True) -> Iterator[SimpleNamespace]:
+    """vllm.plugins (+ endpoint_plugins.interface) and vllm.v1.worker.worker_base, in 0.32's shape; in
+    sys.modules only inside the `with` block (the fast tier checks that a test leaves no vLLM imported)."""
     found: list[Any] = []
 
     class WorkerWrapperBase:
@@ -40,7 +43,7 @@ def fake_vllm(
     worker_base.WorkerWrapperBase = WorkerWrapperBase  # type: ignore[attr-defined]
     vllm = ModuleType("vllm")
     vllm.plugins = plugins  # type: ignore[attr-defined]
-    for name, module in {
+    modules = {
         "vllm": vllm,
         "vllm.plugins": plugins,
         "vllm.plugins.endpoint_plugins": endpoint_plugins,
@@ -48,19 +51,21 @@ def fake_vllm(
         "vllm.v1": ModuleType("vllm.v1"),
         "vllm.v1.worker": ModuleType("vllm.v1.worker"),
         "vllm.v1.worker.worker_base": worker_base,
-    }.items():
-        monkeypatch.setitem(sys.modules, name, module)
-    return SimpleNamespace(plugins=plugins, wrapper=WorkerWrapperBase, found=found)
+    }
+    with pytest.MonkeyPatch.context() as patch:
+        for name, module in modules.items():
+            patch.setitem(sys.modules, name, module)
+        yield SimpleNamespace(plugins=plugins, wrapper=WorkerWrapperBase, found=found)
 
 
 def test_install_adds_the_worker_method_and_the_route_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    vllm = fake_vllm(monkeypatch)
-    monkeypatch.setattr(plugin, "_applied", {"device_penalties": "InputBatch.no_penalties"})
-    plugin_status.install("0.32.0")
-    plugin_status.install("0.32.0")  # re-entrant
-    record = vllm.wrapper().deploykit_status()
+    monkeypatch.setattr(applied, "_applied", {"device_penalties": "InputBatch.no_penalties"})
+    with fake_vllm() as vllm:
+        status_route.install("0.32.0")
+        status_route.install("0.32.0")  # re-entrant
+        record = vllm.wrapper().deploykit_status()
+        endpoints = vllm.plugins.load_endpoint_plugins(("generate",))
     assert record["rank"] == 3 and record["fixes_applied"] == {"device_penalties": "InputBatch.no_penalties"}
-    endpoints = vllm.plugins.load_endpoint_plugins(("generate",))
     assert [type(e).__name__ for e in endpoints] == ["StatusEndpoint"]
     assert endpoints[0].name == "deploykit" and endpoints[0].required_tasks is None
 
@@ -72,21 +77,20 @@ def test_install_adds_the_worker_method_and_the_route_once(monkeypatch: pytest.M
 def test_a_changed_vllm_stops_start_up_naming_the_version(
     monkeypatch: pytest.MonkeyPatch, shape: dict[str, bool], words: str
 ) -> None:
-    fake_vllm(monkeypatch, **shape)
-    monkeypatch.setattr(plugin, "_applied", {})
-    monkeypatch.setattr(plugin, "load_fix", lambda name: SimpleNamespace(apply=lambda: "target"))
+    monkeypatch.setattr(applied, "_applied", {})
+    monkeypatch.setattr(entry, "load_fix", lambda name: SimpleNamespace(apply=lambda: "target"))
     monkeypatch.setattr("deploykit.installed.installed_vllm_version", lambda: "0.99.1")
-    monkeypatch.setenv(plugin.ENV_VAR, "device_penalties")
-    with pytest.raises(FixError, match=rf"vLLM 0\.99\.1: .*{words}"):
-        plugin.register()
+    monkeypatch.setenv(FIXES_ENV, "device_penalties")
+    with fake_vllm(**shape), pytest.raises(FixError, match=rf"vLLM 0\.99\.1: .*{words}"):
+        entry.register()
 
 
 def test_active_means_every_engine_worker_applied_it() -> None:
     both = {"fixes_applied": {"a": "ta", "b": "tb"}}
     only_a = {"fixes_applied": {"a": "ta"}}
-    assert plugin_status.active_fixes(["a", "b"], [both, both]) == {"a": "ta", "b": "tb"}
-    assert plugin_status.active_fixes(["a", "b"], [both, only_a]) == {"a": "ta"}
-    assert plugin_status.active_fixes(["a"], []) == {}  # no engine answered: nothing is known active
+    assert status_route.active_fixes(["a", "b"], [both, both]) == {"a": "ta", "b": "tb"}
+    assert status_route.active_fixes(["a", "b"], [both, only_a]) == {"a": "ta"}
+    assert status_route.active_fixes(["a"], []) == {}  # no engine answered: nothing is known active
 
 
 class _Engine:
@@ -108,13 +112,13 @@ class _Engine:
 
 
 def test_the_route_reports_what_the_engine_workers_applied(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(plugin.ENV_VAR, "device_penalties")
-    monkeypatch.setattr(plugin, "_applied", {"device_penalties": "api-side"})
-    endpoint = plugin_status.StatusEndpoint()
+    monkeypatch.setenv(FIXES_ENV, "device_penalties")
+    monkeypatch.setattr(applied, "_applied", {"device_penalties": "api-side"})
+    endpoint = status_route.StatusEndpoint()
     engine = _Engine([{"pid": 11, "rank": 0, "fixes_applied": {"device_penalties": "worker-side"}}])
     asyncio.run(endpoint.init_state(engine, SimpleNamespace(), SimpleNamespace()))
     body = asyncio.run(endpoint.status())
-    assert engine.calls == [plugin_status.RPC_METHOD]
+    assert engine.calls == [status_route.RPC_METHOD]
     assert body["fixes_requested"] == ["device_penalties"]
     assert body["fixes_active"] == {"device_penalties": "worker-side"}  # the engine's word, not the API's
     assert body["engine_error"] is None and body["deploykit_version"]
@@ -122,8 +126,8 @@ def test_the_route_reports_what_the_engine_workers_applied(monkeypatch: pytest.M
 
 
 def test_an_engine_that_does_not_answer_leaves_nothing_active(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(plugin.ENV_VAR, "device_penalties")
-    endpoint = plugin_status.StatusEndpoint()
+    monkeypatch.setenv(FIXES_ENV, "device_penalties")
+    endpoint = status_route.StatusEndpoint()
     asyncio.run(endpoint.init_state(_Engine(error=TimeoutError("rpc timed out")), None, None))
     body = asyncio.run(endpoint.status())
     assert body["fixes_active"] == {} and "TimeoutError: rpc timed out" in body["engine_error"]
@@ -144,12 +148,12 @@ class _Clock:
 
 def _serve(
     engine: _Engine | None, args: Any, *, ttl: float | None = None, clock: Any = None
-) -> tuple[plugin_status.StatusEndpoint, Any]:
+) -> tuple[status_route.StatusEndpoint, Any]:
     """The endpoint attached to a real FastAPI app, initialised with the server's args as vLLM does."""
     from fastapi import FastAPI
 
     options = {"cache_ttl_s": ttl, "clock": clock}
-    endpoint = plugin_status.StatusEndpoint(**{k: v for k, v in options.items() if v is not None})
+    endpoint = status_route.StatusEndpoint(**{k: v for k, v in options.items() if v is not None})
     app = FastAPI()
     endpoint.attach_router(app)
     asyncio.run(endpoint.init_state(engine, SimpleNamespace(), args))
@@ -160,9 +164,7 @@ async def _get(app: Any, *headers: dict[str, str]) -> list[httpx.Response]:
     """One GET per headers dict, all at once."""
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://vllm") as client:
-        return list(
-            await asyncio.gather(*(client.get(plugin_status.STATUS_PATH, headers=h) for h in headers))
-        )
+        return list(await asyncio.gather(*(client.get(status_route.STATUS_PATH, headers=h) for h in headers)))
 
 
 def get(app: Any, headers: dict[str, str] | None = None) -> httpx.Response:
@@ -173,7 +175,7 @@ def get(app: Any, headers: dict[str, str] | None = None) -> httpx.Response:
 @pytest.fixture(autouse=True)
 def _no_key_inherited(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
-    monkeypatch.setenv(plugin.ENV_VAR, "device_penalties")
+    monkeypatch.setenv(FIXES_ENV, "device_penalties")
 
 
 @pytest.mark.parametrize(
@@ -229,7 +231,7 @@ def test_a_burst_of_gets_costs_one_rpc_and_the_cache_expires(monkeypatch: pytest
         arrived = 0
         ask = endpoint.engine_answer
 
-        async def counted() -> plugin_status.EngineAnswer:
+        async def counted() -> status_route.EngineAnswer:
             nonlocal arrived
             arrived += 1
             if arrived == 20:  # every GET is waiting: only now may the one RPC answer
@@ -249,11 +251,11 @@ def test_a_burst_of_gets_costs_one_rpc_and_the_cache_expires(monkeypatch: pytest
     assert len(engine.calls) == 1
     assert all(r.json()["engine"] == [RECORD] for r in responses)
 
-    clock.now += plugin_status.CACHE_TTL_S / 2  # within the cache time: the same answer, its age reported
+    clock.now += status_route.CACHE_TTL_S / 2  # within the cache time: the same answer, its age reported
     body = get(app, auth).json()
-    assert len(engine.calls) == 1 and body["engine_answer_age_s"] == plugin_status.CACHE_TTL_S / 2
+    assert len(engine.calls) == 1 and body["engine_answer_age_s"] == status_route.CACHE_TTL_S / 2
 
-    clock.now += plugin_status.CACHE_TTL_S  # expired: the next GET asks again
+    clock.now += status_route.CACHE_TTL_S  # expired: the next GET asks again
     body = get(app, auth).json()
     assert len(engine.calls) == 2 and body["engine_answer_age_s"] == 0.0
 
@@ -296,4 +298,4 @@ def test_a_failed_rpc_is_shared_by_its_waiters_but_not_cached() -> None:
 def test_a_server_without_an_engine_says_so() -> None:
     _, app = _serve(None, None)
     body = get(app).json()
-    assert body["engine"] == [] and body["engine_error"] == plugin_status.NO_ENGINE
+    assert body["engine"] == [] and body["engine_error"] == status_route.NO_ENGINE

@@ -5,7 +5,7 @@ parallelism), not in the API server that answers HTTP. So the route asks them, o
 
 - engine side: in every process where the plugin applies fixes, it adds one method, `deploykit_status`,
   to vLLM's `WorkerWrapperBase` (the object `collective_rpc` calls a method name on in each worker). The
-  method answers that process's pid, rank and the fixes `deploykit.plugin` applied there, with targets.
+  method answers that process's pid, rank and the fixes the plugin applied there (`applied`), with targets.
 - API server side: the plugin adds its route through vLLM's own endpoint-plugin contract
   (`vllm/plugins/endpoint_plugins/interface.py`, "pair with a `vllm.general_plugins` entry that installs
   the engine side method"); that contract is opt-in through VLLM_PLUGINS, so the plugin adds its one
@@ -13,7 +13,7 @@ parallelism), not in the API server that answers HTTP. So the route asks them, o
   fix, so installing deploykit never changes another deployment). The route calls
   `engine_client.collective_rpc("deploykit_status")`: a fix is active when every worker reports it applied.
 
-A fix that cannot apply still stops start-up (`deploykit.plugin.register` raises); the route reads state
+A fix that cannot apply still stops start-up (`entry.register` raises); the route reads state
 and changes nothing on the request path. It holds no secret (fix names, targets, versions, pids), but it is
 guarded like vLLM's `/v1` all the same: an operator who starts vLLM with a key expects nobody without it to
 reach the server's routes (vLLM's own middleware guards only `/v1`, `/v2`, `/inference`, `/cohere`), and
@@ -33,7 +33,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-STATUS_PATH = "/deploykit/status"
+from deploykit.plugin_contract import STATUS_PATH
+from deploykit.vllm_plugin.applied import applied_fixes, requested_fixes
+
 RPC_METHOD = "deploykit_status"
 RPC_TIMEOUT_S = 15.0
 ENDPOINT_NAME = "deploykit"
@@ -56,8 +58,6 @@ class StatusRouteError(RuntimeError):
 
 def process_record(rank: int | None = None) -> dict[str, Any]:
     """This process: its pid, its rank in the executor (workers only) and the fixes applied in it."""
-    from deploykit.plugin import applied_fixes
-
     return {"pid": os.getpid(), "rank": rank, "fixes_applied": applied_fixes()}
 
 
@@ -201,7 +201,6 @@ class StatusEndpoint:
         """The route's body (authorisation is the route's, in `attach_router`)."""
         from deploykit import __version__
         from deploykit.installed import installed_vllm_version
-        from deploykit.plugin import requested_fixes
 
         requested = requested_fixes()
         answer = await self.engine_answer()
@@ -228,7 +227,7 @@ def install(vllm_version: str) -> None:
     def changed(what: str) -> StatusRouteError:
         return StatusRouteError(
             f"deploykit's status route cannot be added to vLLM {vllm_version}: {what}; this deploykit "
-            "supports the vLLM layout of 0.32 (vllm.plugins.load_endpoint_plugins, "
+            "supports the vLLM layout it was written for (0.32–0.33: vllm.plugins.load_endpoint_plugins, "
             "vllm.v1.worker.worker_base.WorkerWrapperBase)"
         )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -11,8 +12,11 @@ from typing import Any
 import pytest
 import torch
 
-from deploykit.trace import hooks
+from deploykit.files import WriteRefused
+from deploykit.plugin_contract import TRACE_FILE_GLOB
 from deploykit.trace.report import analyse, read_trace_dir
+from deploykit.trace_records import HeaderLine, LogitsLine, ModuleLine, StepLine
+from deploykit.vllm_plugin import trace_hooks as hooks
 
 
 class NanOnZero(torch.nn.Module):
@@ -98,6 +102,25 @@ def test_in_place_module_is_judged_on_its_inputs_before_the_forward(tmp_path: Pa
     assert [s.module for s in report.spread] == ["(model)"]
 
 
+def test_the_hooks_write_exactly_the_shared_schema(tmp_path: Path) -> None:
+    """Writer and reader share deploykit.trace_records: every key a worker writes is a field the report
+    reads, and every field is written, for each kind of record (a NaN module included)."""
+    runner = Runner()
+    with torch.no_grad():
+        runner.model.norm.weight.fill_(float("inf"))
+    hooks.hook_runner(runner, tmp_path, rank=0)
+    with torch.no_grad():
+        runner.execute_model(scheduled("req-1"))
+    [path] = tmp_path.glob(TRACE_FILE_GLOB)
+    written = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    schema = {"header": HeaderLine, "step": StepLine, "module": ModuleLine, "logits": LogitsLine}
+    assert {record["kind"] for record in written} == set(schema)
+    for record in written:
+        fields = {info.alias or name for name, info in schema[record["kind"]].model_fields.items()}
+        assert set(record) == fields, record["kind"]
+    assert any(record.get("output_index") == 0 for record in written)
+
+
 def test_a_runner_without_dummy_run_fails_loudly_naming_vllm(tmp_path: Path) -> None:
     runner = SimpleNamespace(model=Tiny(), execute_model=lambda *_: None)
     with pytest.raises(hooks.TraceError, match="vLLM"):
@@ -114,8 +137,8 @@ def test_without_the_env_var_register_neither_imports_nor_hooks_anything() -> No
     """Serving without `trace`: the plugin's cost is unchanged (the trace module is not even imported)."""
     code = (
         "import os, sys; os.environ.pop('DEPLOYKIT_TRACE', None); os.environ.pop('DEPLOYKIT_FIXES', None)\n"
-        "from deploykit import plugin; plugin.register()\n"
-        "print('deploykit.trace.hooks' in sys.modules, 'torch' in sys.modules, 'vllm' in sys.modules)\n"
+        "from deploykit.vllm_plugin import entry; entry.register()\n"
+        "print(*(m in sys.modules for m in ('deploykit.vllm_plugin.trace_hooks', 'torch', 'vllm')))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
@@ -126,7 +149,7 @@ def test_without_the_env_var_register_neither_imports_nor_hooks_anything() -> No
 def test_with_the_env_var_register_patches_the_worker_load_model(tmp_path: Path) -> None:
     code = (
         "import os; os.environ['DEPLOYKIT_TRACE'] = os.environ['TRACE_DIR']\n"
-        "from deploykit import plugin; plugin.register(); plugin.register()\n"
+        "from deploykit.vllm_plugin import entry; entry.register(); entry.register()\n"
         "from vllm.v1.worker.gpu_worker import Worker\n"
         "print(getattr(Worker.load_model, '__deploykit_trace__', False))\n"
     )
@@ -135,3 +158,23 @@ def test_with_the_env_var_register_patches_the_worker_load_model(tmp_path: Path)
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300, env=env
     )
     assert out.stdout.strip().splitlines()[-1] == "True"
+
+
+def test_trace_files_are_the_owners_alone_and_never_written_through_a_link(tmp_path: Path) -> None:
+    """A trace holds activations of users' prompts: its folder is 0700 and its files 0600 (issue 22)."""
+    directory = tmp_path / "traces" / "run-1"
+    runner = Runner()
+    hooks.hook_runner(runner, directory, rank=0)
+    with torch.no_grad():
+        runner.execute_model(scheduled("req-1"))
+    [path] = directory.glob(TRACE_FILE_GLOB)
+    assert directory.stat().st_mode & 0o777 == 0o700
+    assert path.stat().st_mode & 0o777 == 0o600
+
+    elsewhere = tmp_path / "elsewhere.jsonl"
+    elsewhere.write_text("")
+    path.unlink()
+    path.symlink_to(elsewhere)
+    with pytest.raises(WriteRefused), torch.no_grad():
+        runner.execute_model(scheduled("req-2"))
+    assert elsewhere.read_text() == ""

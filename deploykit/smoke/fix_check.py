@@ -1,7 +1,8 @@
 """Smoke's fix check: read `GET /deploykit/status` from a running server and compare it with the fixes the
 plan expects. A planned fix that is not active fails the verdict, naming the fix and the likely cause.
 
-The server side is `deploykit.plugin_status` (it runs inside vLLM); this side only speaks HTTP.
+The server side runs inside vLLM (the plugin's status route); this side only speaks HTTP, and the two share
+only the route's path (`deploykit.plugin_contract`).
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from deploykit.plugin_status import STATUS_PATH as STATUS_PATH
-from deploykit.smoke import CaseResult
+from deploykit.plugin_contract import STATUS_PATH as STATUS_PATH
+from deploykit.smoke.judge import summarise
+from deploykit.smoke.models import CaseResult
 
 if TYPE_CHECKING:
-    from deploykit.smoke import SmokeReport, SmokeRequest
+    from deploykit.smoke.models import SmokeReport, SmokeRequest
 
 CASE_NAME = "fixes"
 NONE_WORD = "none"
@@ -167,9 +169,9 @@ def smoke_with_fix_check(
 
     The status is read even when no fix is expected, so the stored row says what the server has active.
     """
-    from deploykit.smoke import run_smoke, summarise
+    from deploykit.smoke import client  # looked up per call: a test replaces `client.run_smoke`
 
-    report = run_smoke(
+    report = client.run_smoke(
         base_url,
         requests,
         timeout_s=timeout_s,

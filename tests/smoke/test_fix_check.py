@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 import pytest
 
-from deploykit.fix_check import (
+from deploykit.smoke.fix_check import (
     PLUGIN_NOT_LOADED,
     ServerFixStatus,
     fix_case,

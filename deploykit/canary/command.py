@@ -1,0 +1,113 @@
+"""`deploykit canary`: the canary, its listener and its lines, until SIGINT/SIGTERM (or, with
+`--exit-on-corruption`, the first wrong answer: exit `exit_codes.CORRUPT`, which the rendered systemd unit
+restarts the server on).
+
+Errors are CanaryErrors (the profile's own ProfileError included): the CLI's one handler prints them, on
+stderr, as one `deploykit: ...` line with exit code 2.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable
+
+from deploykit import exit_codes
+from deploykit.canary.config import CanaryOptions, build_config
+from deploykit.canary.runner import Canary, CanaryConfig, LiveNanSummary, RunSummary
+
+__all__ = ["CanaryConfig", "CanaryOptions", "run_canary"]
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def run_canary(
+    options: CanaryOptions, say: Callable[[str], None] = print, warn: Callable[[str], None] = _to_stderr
+) -> int:
+    """Run until SIGINT/SIGTERM; returns the exit code. Progress goes to `say`, warnings to `warn`. Raises
+    CanaryError before the first run for options, a profile or a listen address that cannot be used, and
+    at the first run when the URL is not the vLLM server it should be."""
+    import signal
+
+    from deploykit.canary.listener import listen, parse_listen
+    from deploykit.net import redact_url
+
+    host, _ = parse_listen(options.listen)  # a malformed address is refused before anything is asked
+    config = build_config(options)
+
+    def on_run(summary: RunSummary) -> None:
+        word = {"pass": "ok  ", "wrong": "WRONG", "miss": "miss"}[summary.outcome]
+        line = f"run {summary.number + 1} {summary.case}: {word} {summary.report.elapsed_s:.2f} s"
+        if summary.outcome != "pass":
+            line += f"  {summary.report.diagnosis}"
+        say(line)
+        if summary.changed is not None:
+            healthy, text = canary.health()
+            say(f"state: {text} (/healthz {200 if healthy else 503})")
+        if summary.stored:
+            say(f"row stored in {summary.stored}")
+        if options.exit_on_corruption and summary.outcome == "wrong":
+            corrupt.set()
+            stop.set()
+
+    def on_live_nan(summary: LiveNanSummary) -> None:
+        say(
+            f"live traffic: WRONG: vLLM counted {summary.grown:g} more request(s) with NaN logits "
+            f"(vllm:corrupted_requests_total {summary.total:g})"
+        )
+        if summary.changed is not None:
+            healthy, text = canary.health()
+            say(f"state: {text} (/healthz {200 if healthy else 503})")
+        if summary.stored:
+            say(f"row stored in {summary.stored}")
+        if options.exit_on_corruption:
+            corrupt.set()
+            stop.set()
+
+    stop = threading.Event()
+    corrupt = threading.Event()
+    canary = Canary(
+        config,
+        on_run=on_run,
+        on_warning=lambda m: warn(f"deploykit canary: {m}"),
+        on_live_nan=on_live_nan,
+    )
+    canary.look_at_server()  # a URL that is not the vLLM server it should be: refused before any line
+    server = listen(canary, options.listen)
+    bound = server.server_address[1]
+    rotation = ", ".join(canary.labels)
+    say(
+        f"canary for {config.served_name} at {redact_url(config.url)}: every {config.every_s:g} s, "
+        f"rotation {rotation}; /healthz, /livez and /metrics on http://{host}:{bound}"
+        + (
+            f"; vLLM's NaN counter read every {config.metrics_every_s:g} s"
+            if config.metrics_every_s > 0
+            else ""
+        )
+        + (f"; verdict written to {config.verdict_file}" if config.verdict_file else "")
+    )
+    poller = canary.nan_poller()
+    if poller is not None:
+        poller.start(stop)
+    if options.watch_restarts:
+        threading.Thread(
+            target=canary.watch_restarts, args=(stop,), name="deploykit-canary-restarts", daemon=True
+        ).start()
+    previous = {
+        sig: signal.signal(sig, lambda signum, frame: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        canary.run_forever(stop)
+    finally:
+        stop.set()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        server.shutdown()
+        server.server_close()
+    if corrupt.is_set():
+        say(f"canary stopped: the output is corrupt (exit {exit_codes.CORRUPT}, --exit-on-corruption)")
+        return exit_codes.CORRUPT
+    say("canary stopped")
+    return exit_codes.OK

@@ -1,0 +1,178 @@
+"""`deploykit canary`'s options, checked, and the `CanaryConfig` they make: cases, served name and limits
+from the profile, else from the server's own `/v1/models`.
+
+The options are checked here, not only by the CLI's option types: a canary that sends its runs back to back
+(`every_s` NaN) is a load generator, and one with a zero timeout only ever misses.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from deploykit.canary import defaults
+from deploykit.canary.rotation import rotation_for
+from deploykit.canary.runner import CanaryConfig
+from deploykit.errors import CanaryError
+
+if TYPE_CHECKING:
+    from deploykit.profile.schema import Profile
+
+MIN_EVERY_S = 0.1
+"""The shortest interval: a canary next to user traffic must leave it room."""
+
+
+@dataclass
+class CanaryOptions:
+    """`deploykit canary`'s options, as given."""
+
+    url: str
+    profile: str | None = None
+    model: str | None = None
+    every_s: float = defaults.EVERY_S
+    listen: str = defaults.LISTEN
+    store_url: str | None = None
+    store: bool = True
+    api_key_env: str | None = None
+    timeout_s: float | None = None
+    miss_limit: int = defaults.MISS_LIMIT
+    exit_on_corruption: bool = False
+    watch_restarts: bool = True
+    verdict_file: str | None = None
+    metrics_every_s: float = defaults.METRICS_EVERY_S
+
+
+def check_options(options: CanaryOptions) -> None:
+    """Refuse what no canary can run with, before anything starts: one CanaryError naming the option."""
+    from deploykit.net import redact_url, server_url_problem
+
+    problem = server_url_problem(options.url)
+    if problem is not None:
+        raise CanaryError(f"--url {redact_url(options.url)!r}: {problem}")
+    if not (math.isfinite(options.every_s) and options.every_s >= MIN_EVERY_S):
+        raise CanaryError(
+            f"--every {options.every_s}: must be a number of seconds of at least {MIN_EVERY_S:g} between runs"
+        )
+    if options.timeout_s is not None and not (math.isfinite(options.timeout_s) and options.timeout_s > 0):
+        raise CanaryError(f"--timeout {options.timeout_s}: must be a positive number of seconds per request")
+    if not (
+        math.isfinite(options.metrics_every_s)
+        and (options.metrics_every_s == 0 or options.metrics_every_s >= MIN_EVERY_S)
+    ):
+        raise CanaryError(
+            f"--metrics-every {options.metrics_every_s}: must be 0 (off) or a number of seconds of at least "
+            f"{MIN_EVERY_S:g} between reads of the server's /metrics"
+        )
+    if options.miss_limit < 1:
+        raise CanaryError(f"--miss-limit {options.miss_limit}: must be at least 1")
+
+
+def build_config(options: CanaryOptions) -> CanaryConfig:
+    """Cases, served name and limits from the profile, else from the server's own `/v1/models` (which
+    then also proves the URL is vLLM). Raises CanaryError (or the profile's ProfileError)."""
+    from deploykit.canary.discovery import discover_model
+
+    check_options(options)
+    profile = None
+    profile_id = None
+    if options.profile is not None:
+        from deploykit.profile.load import load_profile
+
+        loaded = load_profile(options.profile)  # a ProfileError lists its located issues, then one line
+        profile, profile_id = loaded.profile, loaded.id
+    key_env = options.api_key_env or (profile.serve.api_key_env if profile else None)
+    api_key = os.environ.get(key_env) if key_env else None
+    if key_env and not api_key:
+        raise CanaryError(f"the API key variable {key_env} is not set")
+    if profile is not None:
+        from deploykit.plan import resolve_model_path
+
+        config = config_for_profile(
+            profile,
+            profile_id,
+            url=options.url,
+            model_path=resolve_model_path(profile),
+            every_s=options.every_s,
+            api_key=api_key,
+            served_name=options.model,
+            timeout_s=options.timeout_s,
+            miss_limit=options.miss_limit,
+            store_url=options.store_url,
+            store=options.store,
+            verdict_file=options.verdict_file,
+            metrics_every_s=options.metrics_every_s,
+        )
+        config.identify = True
+        from deploykit.fleet_baseline import check_for_server  # the fingerprint's key (docs/fingerprints.md)
+
+        config.fingerprint = check_for_server(
+            loaded, options.url, api_key=api_key, store_url=options.store_url, store=options.store
+        )
+        return config
+    served, max_len = discover_model(options.url, api_key, options.model)
+    return CanaryConfig(
+        url=options.url,
+        served_name=served,
+        cases=rotation_for(None),
+        every_s=options.every_s,
+        timeout_s=options.timeout_s or defaults.REQUEST_TIMEOUT_S,
+        api_key=api_key,
+        max_model_len=max_len,
+        miss_limit=options.miss_limit,
+        store_url=options.store_url,
+        store=options.store,
+        verdict_file=options.verdict_file,
+        metrics_every_s=options.metrics_every_s,
+    )
+
+
+def config_for_profile(
+    profile: Profile,
+    profile_id: str | None,
+    *,
+    url: str,
+    model_path: str | None,
+    every_s: float = defaults.EVERY_S,
+    api_key: str | None = None,
+    served_name: str | None = None,
+    timeout_s: float | None = None,
+    miss_limit: int = defaults.MISS_LIMIT,
+    store_url: str | None = None,
+    store: bool = True,
+    verdict_file: str | None = None,
+    metrics_every_s: float = defaults.METRICS_EVERY_S,
+) -> CanaryConfig:
+    """The canary of a profile's server: its rotation, served name, limits and smoke tolerances; no reads
+    of vLLM's NaN counter when the profile's server does not export it."""
+    from deploykit.smoke import first_adapter, special_token_ids
+
+    return CanaryConfig(
+        url=url,
+        served_name=served_name or profile.served_name,
+        cases=rotation_for(profile),
+        every_s=every_s,
+        timeout_s=timeout_s or profile.smoke.timeout_s,
+        api_key=api_key,
+        special_ids=special_token_ids(model_path),
+        max_model_len=profile.serve.max_model_len,
+        tie_tolerance=profile.smoke.tie_tolerance,
+        logprob_tolerance=profile.smoke.logprob_tolerance,
+        miss_limit=miss_limit,
+        store_url=store_url,
+        store=store,
+        profile_name=profile.name,
+        profile_id=profile_id,
+        adapter=first_adapter(profile),
+        verdict_file=verdict_file,
+        metrics_every_s=metrics_every_s if counts_nan_logits(profile) else 0.0,
+    )
+
+
+def counts_nan_logits(profile: Profile) -> bool:
+    """Whether the profile's vLLM exports `vllm:corrupted_requests` (its env's value wins, as in the plan)."""
+    value = profile.env.get(defaults.NAN_COUNTER_ENV)
+    if isinstance(value, str):
+        return value.strip() not in ("", "0")
+    return profile.serve.count_nan_logits

@@ -1,0 +1,62 @@
+"""Every default of the canary and of acting on its verdict, written once.
+
+The CLI's options (`deploykit canary`, `deploykit serve --canary-*`), the canary itself, serving mode
+(`deploykit.serve.watch`) and the systemd unit's restart (`deploykit.render.on_corruption`) read them here.
+Constants only, no imports beyond `typing`: the CLI reads this module at import time.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+EVERY_S = 60.0
+"""Seconds between runs, start to start."""
+
+LISTEN = "127.0.0.1:9400"
+"""`deploykit canary`'s `/healthz`, `/livez` and `/metrics` address (loopback)."""
+
+MISS_LIMIT = 5
+"""Runs in a row without an answer before the canary says `unreachable` (busy is not broken)."""
+
+REQUEST_TIMEOUT_S = 120.0
+"""Seconds per request when no profile gives its smoke timeout."""
+
+HEARTBEAT_S = 3600.0
+"""A row at least this often while nothing changes."""
+
+RESTART_POLL_S = 2.0
+"""How often `--watch-restarts` asks the server's /health."""
+
+LIVEZ_HEALTH_TIMEOUT_S = 5.0
+"""How long `/livez` waits for the server's own /health."""
+
+IDENTIFY_TIMEOUT_S = 10.0
+"""How long the first look at the server (is it vLLM?) waits for an answer."""
+
+METRICS_EVERY_S = 2.0
+"""Seconds between reads of vLLM's own /metrics for its NaN counter, independent of `EVERY_S`: a user
+request with NaN logits is seen within seconds, not at the next probe run. 0 turns the reading off."""
+
+METRICS_TIMEOUT_S = 5.0
+"""How long one read of vLLM's /metrics waits."""
+
+NAN_COUNTER = "vllm:corrupted_requests"
+"""vLLM's counter of finished requests whose logits held NaN; exported only with `NAN_COUNTER_ENV`=1."""
+
+NAN_COUNTER_ENV = "VLLM_COMPUTE_NANS_IN_LOGITS"
+"""The environment variable that makes vLLM count NaN logits (the plan sets it unless a profile says no)."""
+
+# --- acting on a corruption verdict (serve's in-process canary, the systemd canary unit) --------------
+
+OnCorruption = Literal["restart", "stop", "ignore"]
+ON_CORRUPTION_CHOICES: tuple[OnCorruption, ...] = ("restart", "stop", "ignore")
+ON_CORRUPTION: OnCorruption = "restart"
+
+MAX_RESTARTS_PER_HOUR = 3
+"""Corruption restarts allowed within an hour; the next corruption stops the server instead."""
+
+RESTART_WINDOW_S = 3600.0
+"""The window `MAX_RESTARTS_PER_HOUR` counts in."""
+
+RESTART_BACKOFF_S = 10.0
+"""Seconds before the second restart in an hour (the first is at once), doubling after."""

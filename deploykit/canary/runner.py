@@ -1,0 +1,355 @@
+"""`Canary`: one run every `every_s` seconds (the rotation's next case, judged with the smoke rules), the
+state it moves, its metrics, its rows and its verdict file. The HTTP listener (`listener`) and the command
+(`command`) are built on it; serve's in-process canary (`deploykit.serve.watch`) uses it as it is.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from deploykit.canary import defaults
+from deploykit.canary.metrics import CanaryMetrics
+from deploykit.canary.rotation import case_labels, run_requests
+from deploykit.canary.state import CanaryState, Outcome, Status, outcome_of
+from deploykit.canary.verdict import write_verdict_file
+
+if TYPE_CHECKING:
+    from deploykit.canary.nan_counter import CounterReading, NanCounterPoller
+    from deploykit.fleet_baseline import FingerprintCheck
+    from deploykit.profile.schema import SmokeCase
+    from deploykit.smoke import SmokeReport, SmokeRequest
+    from deploykit.smoke.fingerprint import Fingerprint
+    from deploykit.store import ResultRecord
+
+Runner = Callable[..., "SmokeReport"]
+
+
+@dataclass
+class CanaryConfig:
+    """What a canary checks, how often, and where its rows and verdict go."""
+
+    url: str
+    served_name: str
+    cases: list[SmokeCase]
+    every_s: float = defaults.EVERY_S
+    timeout_s: float = defaults.REQUEST_TIMEOUT_S
+    api_key: str | None = None
+    special_ids: frozenset[int] = frozenset()
+    max_model_len: int | None = None
+    tie_tolerance: float = 0.05
+    logprob_tolerance: float = 0.05
+    miss_limit: int = defaults.MISS_LIMIT
+    heartbeat_s: float = defaults.HEARTBEAT_S
+    store_url: str | None = None
+    store: bool = True
+    profile_name: str | None = None
+    profile_id: str | None = None
+    adapter: str | None = None
+    verdict_file: str | None = None
+    metrics_every_s: float = defaults.METRICS_EVERY_S
+    """Seconds between reads of the server's /metrics for vLLM's NaN counter (`nan_counter`); 0: none."""
+    fingerprint: FingerprintCheck | None = None
+    """Compare the probe set's answers with the key's baseline on every run that otherwise passed."""
+    identify: bool = False
+    """Look first whether the URL is vLLM serving `served_name` (`discovery.identify`), until it answers:
+    `deploykit canary` does, for a URL a person typed; serve's in-process canary knows its server."""
+
+
+@dataclass
+class RunSummary:
+    number: int
+    case: str
+    outcome: Outcome
+    report: SmokeReport
+    changed: Status | None
+    stored: str | None = None
+
+
+@dataclass
+class LiveNanSummary:
+    """vLLM's NaN counter grew: by how much, its value now, the state it moved, and the row stored."""
+
+    grown: float
+    total: float
+    changed: Status | None
+    stored: str | None = None
+
+
+@dataclass
+class Canary:
+    config: CanaryConfig
+    clock: Callable[[], float] = time.time
+    runner: Runner | None = None
+    on_run: Callable[[RunSummary], None] | None = None
+    on_warning: Callable[[str], None] | None = None
+    on_live_nan: Callable[[LiveNanSummary], None] | None = None
+    metrics: CanaryMetrics = field(default_factory=CanaryMetrics)
+    state: CanaryState = field(init=False)
+    runs: int = 0
+    last_row_at: float | None = None
+    rows: list[ResultRecord] = field(default_factory=list)
+    identified: bool = False
+    last_fingerprint: Fingerprint | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    # Serialises verdict writes (the run loop and the restart watcher): a snapshot taken earlier never
+    # replaces a later one.
+    _verdict_lock: threading.Lock = field(default_factory=threading.Lock)
+    _verdict_error: str | None = None
+
+    def __post_init__(self) -> None:
+        self.labels = case_labels(self.config.cases)
+        self.state = CanaryState(rotation_len=len(self.config.cases), miss_limit=self.config.miss_limit)
+
+    def requests_for_run(self, number: int) -> tuple[str, list[SmokeRequest]]:
+        """Run `number` (from 0) checks the rotation's next case; its long prompts are salted by `number`."""
+        config = self.config
+        requests = run_requests(
+            config.cases, number, config.served_name, config.adapter, config.max_model_len
+        )
+        return self.labels[number % len(config.cases)], requests
+
+    def look_at_server(self) -> None:
+        """With `config.identify`, until vLLM answered: is the URL vLLM serving `served_name`? Raises
+        CanaryError when it is not; nothing answering yet (vLLM loading) is left to the runs' misses."""
+        if self.config.identify and not self.identified:
+            from deploykit.canary.discovery import identify
+
+            self.identified = identify(self.config.url, self.config.api_key, self.config.served_name)
+
+    def run_once(self) -> RunSummary:
+        """One run: the next case, judged; the state, metrics, rows and verdict file follow. Raises
+        CanaryError when `config.identify` finds the URL is not the vLLM server it should be."""
+        from deploykit.smoke import run_smoke
+
+        self.look_at_server()
+        number = self.runs
+        self.runs += 1
+        label, requests = self.requests_for_run(number)
+        runner = self.runner or run_smoke
+        started = time.monotonic()
+        report = runner(
+            self.config.url,
+            requests,
+            timeout_s=self.config.timeout_s,
+            api_key=self.config.api_key,
+            special_ids=self.config.special_ids,
+            tie_tolerance=self.config.tie_tolerance,
+            logprob_tolerance=self.config.logprob_tolerance,
+        )
+        if self.config.fingerprint is not None and report.passed:
+            report = self._with_fingerprint(self.config.fingerprint, report)
+        outcome = outcome_of(report)
+        now = self.clock()
+        with self._lock:
+            changed = self.state.observe(label, outcome, report.diagnosis)
+            self._count(label, outcome, report, now, time.monotonic() - started)
+        summary = RunSummary(number, label, outcome, report, changed)
+        if changed is not None:
+            summary.stored = self._store_row(f"state:{changed}", report, now)
+        elif self.last_row_at is not None and now - self.last_row_at >= self.config.heartbeat_s:
+            summary.stored = self._store_row("heartbeat", report, now)
+        self.write_verdict()
+        if self.on_run is not None:
+            self.on_run(summary)
+        return summary
+
+    def _with_fingerprint(self, check: FingerprintCheck, report: SmokeReport) -> SmokeReport:
+        """One reading of the probe set, compared with its key's baseline, as one more case."""
+        from deploykit.fleet_baseline import fingerprint_case, with_case
+
+        config = self.config
+        case, self.last_fingerprint = fingerprint_case(
+            check,
+            config.url,
+            config.served_name,
+            timeout_s=config.timeout_s,
+            api_key=config.api_key,
+            readings=1,
+        )
+        return with_case(report, case)
+
+    def _count(self, label: str, outcome: Outcome, report: SmokeReport, now: float, took: float) -> None:
+        m = self.metrics
+        m.runs.labels(case=label).inc()
+        if outcome != "pass":
+            m.failures.labels(case=label, reason=outcome).inc()
+        else:
+            m.last_pass.set(now)
+        if any(case.warning for case in report.cases):
+            m.warnings.labels(case=label).inc()
+        m.requests.inc(len(report.cases))
+        m.generated.inc(sum(case.completion_tokens for case in report.cases))
+        m.prompt.inc(sum(case.prompt_tokens or 0 for case in report.cases))
+        m.last_run.set(now)
+        m.duration.set(took)
+        m.misses.set(self.state.consecutive_misses)
+        self._set_verdict_metrics()
+
+    def _set_verdict_metrics(self) -> None:
+        m = self.metrics
+        m.healthy.set(1 if self.state.healthy else 0)
+        for cause in ("probe", "live_nan"):
+            now_cause = self.state.corrupt and self.state.cause == cause
+            m.corrupt_cause.labels(cause=cause).set(1 if now_cause else 0)
+
+    def nan_poller(self) -> NanCounterPoller | None:
+        """The reader of vLLM's NaN counter for this canary's server, or None with `metrics_every_s` 0."""
+        from deploykit.canary.nan_counter import NanCounterPoller
+
+        if self.config.metrics_every_s <= 0:
+            return None
+        return NanCounterPoller(
+            self.config.url,
+            every_s=self.config.metrics_every_s,
+            api_key=self.config.api_key,
+            on_growth=self.live_nan,
+            on_reading=self._note_reading,
+            on_warning=self._warn,
+        )
+
+    def _note_reading(self, reading: CounterReading | None) -> None:
+        self.metrics.vllm_nan_counter.set(-1 if reading is None else reading.total)
+        self.metrics.vllm_nan_read.set(self.clock())
+
+    def live_nan(self, grown: float, reading: CounterReading) -> LiveNanSummary:
+        """vLLM counted `grown` more requests with NaN logits: corrupt at once (a row, the verdict file,
+        `/healthz` 503), without waiting for the next run."""
+        from deploykit.smoke import SmokeReport
+
+        now = self.clock()
+        with self._lock:
+            changed = self.state.observe_live_nan(grown, reading.total)
+            diagnosis = self.state.diagnosis
+            self.metrics.live_nan.inc(grown)
+            self._set_verdict_metrics()
+        summary = LiveNanSummary(grown, reading.total, changed)
+        if changed is not None:
+            report = SmokeReport(passed=False, diagnosis=diagnosis, cases=[])
+            summary.stored = self._store_row(f"state:{changed}", report, now)
+        self.write_verdict()
+        if self.on_live_nan is not None:
+            self.on_live_nan(summary)
+        return summary
+
+    def liveness(self) -> tuple[bool, str]:
+        """`/livez`: wrong only on corruption, or when the server's own /health does not answer (what a
+        liveness probe on /health said before). Misses and slowness never make it fail."""
+        from deploykit.canary.discovery import server_health_ok
+        from deploykit.net import redact_url
+
+        with self._lock:
+            state = self.state
+            if state.corrupt:
+                return False, f"{state.status}: {state.diagnosis}"
+            text = f"{state.status}: {state.diagnosis}"
+        if not server_health_ok(self.config.url, defaults.LIVEZ_HEALTH_TIMEOUT_S):
+            return False, f"the server's /health at {redact_url(self.config.url)} does not answer 200"
+        return True, text
+
+    def server_restarted(self) -> Status | None:
+        """Called when the server's /health came back after going away (see `watch_restarts`)."""
+        from deploykit.smoke import SmokeReport
+
+        now = self.clock()
+        self.last_fingerprint = None  # the restarted server's answers are not known yet
+        with self._lock:
+            changed = self.state.restarted()
+            if changed is not None:
+                self._set_verdict_metrics()
+                self.metrics.misses.set(0)
+        if changed is not None:
+            self._store_row(
+                f"state:{changed}", SmokeReport(passed=True, diagnosis="restarted", cases=[]), now
+            )
+        self.write_verdict()
+        return changed
+
+    def watch_restarts(self, stop: threading.Event, poll_s: float = defaults.RESTART_POLL_S) -> None:
+        """Poll the server's /health; when it comes back after going away, `server_restarted()`."""
+        from deploykit.canary.discovery import server_health_ok
+
+        was_up: bool | None = None
+        while not stop.is_set():
+            up = server_health_ok(self.config.url, min(poll_s, 5.0))
+            if up and was_up is False:
+                changed = self.server_restarted()
+                if changed is not None:
+                    self._warn("the server restarted: the canary starts afresh")
+            was_up = up
+            stop.wait(poll_s)
+
+    def health(self) -> tuple[bool, str]:
+        with self._lock:
+            state = self.state
+            return state.healthy, f"{state.status}: {state.diagnosis}"
+
+    def _store_row(self, stage: str, report: SmokeReport, now: float) -> str | None:
+        from deploykit.canary.rows import canary_record
+        from deploykit.net import redact_url
+        from deploykit.store_row import store_row
+
+        self.last_row_at = now
+        config = self.config
+        record = canary_record(
+            stage,
+            self.state,
+            report,
+            now,
+            url=redact_url(config.url),
+            every_s=config.every_s,
+            runs=self.runs,
+            profile_name=config.profile_name,
+            profile_id=config.profile_id,
+            fingerprint=self.last_fingerprint if report.passed else None,
+        )
+        self.rows.append(record)
+        if not config.store:
+            return None
+        row_id, where = store_row(record, config.store_url, self._warn, what="the canary row")
+        return where if row_id is not None else None
+
+    def verdict(self) -> dict[str, Any]:
+        """What the verdict file says: the state now, when, and which canary process said it."""
+        with self._lock:
+            status, diagnosis = self.state.status, self.state.diagnosis
+        return {"status": status, "diagnosis": diagnosis, "written_at": self.clock(), "pid": os.getpid()}
+
+    def write_verdict(self) -> None:
+        """Write `verdict()` to the verdict file, if there is one. Rewritten after every run, changed or
+        not, so that its mtime says the canary is alive. A failure is a warning (once per streak of
+        failures), never the end of the checking."""
+        path = self.config.verdict_file
+        if path is None:
+            return
+        with self._verdict_lock:
+            try:
+                write_verdict_file(path, self.verdict())
+            except OSError as exc:
+                # Without the file names: the temporary file's name changes from one try to the next.
+                error = f"{type(exc).__name__}: {exc.strerror or exc}"
+                if error != self._verdict_error:
+                    self._warn(f"the verdict file {path} could not be written ({error}); the canary goes on")
+                self._verdict_error = error
+                return
+            if self._verdict_error is not None:
+                self._warn(f"the verdict file {path} is written again")
+                self._verdict_error = None
+
+    def _warn(self, message: str) -> None:
+        if self.on_warning is not None:
+            self.on_warning(message)
+
+    def run_forever(self, stop: threading.Event) -> None:
+        """A run every `every_s` seconds (measured start to start; a slow run is followed at once). The
+        verdict file says `starting` before the first run."""
+        self.write_verdict()
+        next_at = time.monotonic()
+        while not stop.is_set():
+            self.run_once()
+            next_at = max(next_at + self.config.every_s, time.monotonic())
+            stop.wait(max(0.0, next_at - time.monotonic()))

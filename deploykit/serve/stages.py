@@ -1,0 +1,352 @@
+"""One attempt's life cycle, each stage written once: load the profile, probe, plan, check every address the
+run will listen on, resolve the launch environment, build the model, launch vLLM, wait until it is healthy,
+smoke it (with the fix check), make its row, store it.
+
+`deploykit serve` (serve/attempt.py), the restart in serving mode (serve/watch.py), `deploykit smoke --url`
+(serve/remote_smoke.py) and `deploykit trace` (trace/run.py) compose these. A stage that cannot go on
+raises `StageFailure` naming itself; the command turns it into its one row, and the row says where.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from deploykit import exit_codes, net
+from deploykit.errors import DeploykitError
+from deploykit.logtail import tail
+from deploykit.serve.helpers import (
+    deploykit_version,
+    overhead,
+    plan_for_store,
+    profile_issues,
+    redact,
+    resolve_executable,
+)
+from deploykit.serve.options import ServeOptions
+from deploykit.serve.signals import Interrupted
+
+if TYPE_CHECKING:
+    from deploykit.fleet_baseline import FingerprintCheck
+    from deploykit.plan import Plan
+    from deploykit.probe.facts import ProbeFacts
+    from deploykit.profile.schema import LoadedProfile, Profile
+    from deploykit.serve.console import ConsoleUI
+    from deploykit.serve.launch import ServerProcess
+    from deploykit.smoke import CaseResult, SmokeReport
+    from deploykit.smoke.fingerprint import Fingerprint
+    from deploykit.store import ResultRecord
+
+
+class StageFailure(DeploykitError):
+    """An attempt ended before a verdict; `stage` says where (`profile`, `plan`, `port`, `secrets`, `model`,
+    `launch`, `startup`, ...). The attempt's row carries the message."""
+
+    exit_code = exit_codes.FAILED
+
+    def __init__(self, stage: str, message: str) -> None:
+        super().__init__(message)
+        self.stage = stage
+
+
+@dataclass
+class Attempt:
+    """Everything known about one serve attempt (the first start or a restart) so far; becomes its row."""
+
+    options: ServeOptions
+    started: float = field(default_factory=time.monotonic)
+    stage: str = "profile"
+    loaded: LoadedProfile | None = None
+    plan: Plan | None = None
+    argv: list[str] = field(default_factory=list)
+    server: ServerProcess | None = None
+    base_url: str | None = None
+    report: SmokeReport | None = None
+    timings: dict[str, float | None] = field(default_factory=dict)
+    facts: dict[str, Any] | None = None
+    versions: dict[str, str | None] = field(default_factory=dict)
+    secrets: list[str] = field(default_factory=list)
+    fixes_active: dict[str, str] | None = None
+    fingerprint: Fingerprint | None = None
+    fingerprint_check: FingerprintCheck | None = None
+    """The key and settings the fingerprint was taken with: serving mode's canary compares with the same."""
+
+    def mark(self, key: str, since: float) -> None:
+        self.timings[key] = round(time.monotonic() - since, 4)
+
+
+# --- before vLLM starts ------------------------------------------------------------------------------
+
+
+def load(reference: str) -> LoadedProfile:
+    """The profile by name or path; one that cannot be used fails the `profile` stage, naming its issues."""
+    from deploykit.profile.load import load_profile
+    from deploykit.profile.schema import ProfileError
+
+    try:
+        return load_profile(reference)
+    except ProfileError as exc:
+        raise StageFailure("profile", f"the profile cannot be used: {profile_issues(exc)}") from None
+
+
+def probe_machine() -> tuple[ProbeFacts, dict[str, str | None]]:
+    """This machine's facts, and the versions a row records (deploykit, vLLM, torch)."""
+    from deploykit.probe.load import probe
+
+    facts = probe()
+    return facts, {"deploykit": deploykit_version(), "vllm": facts.vllm_version, "torch": facts.torch_version}
+
+
+def check_plan(plan: Plan) -> None:
+    """A plan with errors fails the `plan` stage, every error named."""
+    if plan.errors:
+        raise StageFailure("plan", "the plan has errors: " + "; ".join(plan.errors))
+
+
+class ListenAddress(NamedTuple):
+    """An address the run will listen on: what listens there, and the option that moves it."""
+
+    what: str
+    host: str
+    port: int
+    way_out: str
+
+
+def check_listen_addresses(addresses: Sequence[ListenAddress]) -> None:
+    """Every address the run will listen on, checked before any model loads: free now, and no two on the
+    same port of one host (a wildcard host overlaps every host). Port 0 (any free port) always passes."""
+    for index, address in enumerate(addresses):
+        if address.port == 0:
+            continue
+        for earlier in addresses[:index]:
+            same_host = address.host == earlier.host or net.is_wildcard(address.host)
+            if earlier.port == address.port and (same_host or net.is_wildcard(earlier.host)):
+                raise StageFailure(
+                    "port",
+                    f"{address.what} and {earlier.what} both ask for port {address.port} on "
+                    f"{address.host}; {address.way_out}",
+                )
+        if net.port_in_use(address.port, address.host):
+            where = "" if index == 0 else f" ({address.what})"
+            raise StageFailure(
+                "port",
+                f"port {address.port} on {address.host} is already in use{where}; stop what listens there "
+                f"or {address.way_out}",
+            )
+
+
+def launch_environment(plan: Plan, parent: Mapping[str, str]) -> dict[str, str]:
+    """The launch env: the parent's, the plan's values, and each `${NAME}` reference resolved.
+
+    A referenced variable that is not set fails the `secrets` stage, every missing one named."""
+    env = dict(parent)
+    env.pop("DEPLOYKIT_FIXES", None)  # only the plan decides which fixes run
+    missing = [f"{key} (from ${source})" for key, source in plan.secret_env.items() if not parent.get(source)]
+    if missing:
+        raise StageFailure(
+            "secrets",
+            f"the profile takes these from the environment, but they are not set: {', '.join(missing)}",
+        )
+    for key, value in plan.env.items():
+        source = plan.secret_env.get(key)
+        env[key] = parent[source] if source is not None else value
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def ensure_model(plan: Plan, source: str, say: Callable[[str], None]) -> None:
+    """Build the builtin tiny model on first use (cached); a missing local path is vLLM's to report."""
+    from deploykit.paths import default_cache_dir
+    from deploykit.profile.schema import BUILTIN_PREFIX
+    from deploykit.tinymodel import build_tiny_model, is_built
+
+    if not source.startswith(BUILTIN_PREFIX) or is_built(plan.model_path):
+        return
+    say(f"building the tiny demo model locally (first use, cached in {default_cache_dir()}) ...")
+    built = build_tiny_model()
+    if str(built) != plan.model_path:
+        raise StageFailure(
+            "model", f"the tiny model was built at {built}, but the plan expects {plan.model_path}"
+        )
+
+
+# --- vLLM ----------------------------------------------------------------------------------------------
+
+
+def start_vllm(
+    argv: Sequence[str], env: Mapping[str, str], *, log_path: Path, host: str, port: int
+) -> ServerProcess:
+    """vLLM in its own process group, its log in `log_path`; `host` is the host it binds (`--host`)."""
+    from deploykit.serve.launch import LaunchError, start_server
+
+    try:
+        return start_server(resolve_executable(argv), env, log_path=log_path, host=host, port=port)
+    except LaunchError as exc:
+        raise StageFailure("launch", str(exc)) from None
+
+
+def wait_healthy(
+    server: ServerProcess,
+    timeout_s: float,
+    on_progress: Callable[[float, str], None] | None = None,
+) -> float:
+    """Seconds until vLLM's /health answered. A vLLM that exits or stays silent past `timeout_s` fails the
+    `startup` stage with its last log lines."""
+    from deploykit.serve.launch import LaunchError
+
+    try:
+        return server.wait_healthy(timeout_s, on_progress, poll_s=0.2)
+    except LaunchError as exc:
+        if exc.server_exit_code is not None:
+            message = f"vLLM exited during start-up with code {exc.server_exit_code}"
+        else:
+            message = f"vLLM did not become healthy within {timeout_s:g} s (start-up timeout)"
+        raise StageFailure("startup", f"{message}; last log lines:\n{tail(exc.log_tail)}") from None
+
+
+# --- the smoke -----------------------------------------------------------------------------------------
+
+
+def profile_api_key(profile: Profile, environ: Mapping[str, str] = os.environ) -> str | None:
+    """The key the profile's server expects (its `serve.api_key_env`), when it has one."""
+    return environ.get(profile.serve.api_key_env) if profile.serve.api_key_env else None
+
+
+def smoke_attempt(attempt: Attempt, ui: ConsoleUI) -> SmokeReport:
+    """The profile's smoke cases and the plan's fix check against the attempt's server."""
+    from deploykit.smoke import requests_for_profile, special_token_ids
+    from deploykit.smoke.fix_check import smoke_with_fix_check
+
+    assert attempt.loaded is not None and attempt.plan is not None and attempt.base_url is not None
+    profile = attempt.loaded.profile
+    attempt.stage = "smoke"
+    requests = requests_for_profile(profile)
+    ui.say(f"smoke: {len(requests)} request(s) against {attempt.base_url}")
+    report, status = smoke_with_fix_check(
+        attempt.base_url,
+        requests,
+        expected=attempt.plan.enabled_fixes,
+        timeout_s=profile.smoke.timeout_s,
+        api_key=profile_api_key(profile),
+        special_ids=special_token_ids(attempt.plan.model_path),
+        tie_tolerance=profile.smoke.tie_tolerance,
+        logprob_tolerance=profile.smoke.logprob_tolerance,
+        on_case=ui.case,
+    )
+    attempt.fixes_active = status.fixes_active
+    if report.passed and profile.smoke.fingerprint.enabled:
+        report = _with_fingerprint(attempt, report, ui)
+    attempt.report = report
+    attempt.timings["smoke_s"] = round(report.elapsed_s, 4)
+    attempt.timings["requests_s"] = round(sum(case.latency_s for case in report.cases), 4)
+    attempt.timings.update(case_timings(report.cases))
+    return report
+
+
+def fingerprint_check_for(attempt: Attempt) -> FingerprintCheck:
+    """The attempt's fingerprint key (its plan, this machine, the fixes the server reported) and settings."""
+    from deploykit.fleet_baseline import FingerprintCheck, key_parts_for_plan
+
+    assert attempt.loaded is not None and attempt.plan is not None
+    settings = attempt.loaded.profile.smoke.fingerprint
+    parts, dtype = key_parts_for_plan(
+        attempt.loaded.profile, attempt.plan, attempt.fixes_active, settings.top_k
+    )
+    return FingerprintCheck(
+        key_parts=parts,
+        dtype=dtype,
+        top_k=settings.top_k,
+        store_url=attempt.options.store_url,
+        tolerance=settings.logprob_tolerance,
+    )
+
+
+def _with_fingerprint(attempt: Attempt, report: SmokeReport, ui: ConsoleUI) -> SmokeReport:
+    """The probe set's fingerprint compared with its key's baseline, as one more case."""
+    from deploykit.fleet_baseline import fingerprint_case, with_case
+
+    assert attempt.loaded is not None and attempt.base_url is not None
+    profile = attempt.loaded.profile
+    attempt.fingerprint_check = check = fingerprint_check_for(attempt)
+    case, attempt.fingerprint = fingerprint_case(
+        check,
+        attempt.base_url,
+        profile.served_name,
+        timeout_s=profile.smoke.timeout_s,
+        api_key=profile_api_key(profile),
+        readings=2,
+    )
+    ui.case(case)
+    return with_case(report, case)
+
+
+def case_timings(cases: Sequence[CaseResult]) -> dict[str, float | None]:
+    """Each case's latency as a row's timing (`case_NAME_s`)."""
+    return {f"case_{case.name}_s": case.latency_s for case in cases}
+
+
+# --- the verdict and the row ---------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    """How an attempt's stages ended: `pass`/`fail` from the smoke, `error` from a failed stage (or an
+    unexpected exception: it still gets its row), `interrupted` by SIGINT/SIGTERM."""
+
+    verdict: str = "error"
+    diagnosis: str = ""
+    interrupted: Interrupted | None = None
+
+
+def run_to_verdict(attempt: Attempt, stages: Callable[[], SmokeReport], context: str = "") -> Outcome:
+    """Run `stages` (up to and including the smoke) and say how they ended; never raises, except for
+    BaseExceptions that are not signals deploykit forwards."""
+    outcome = Outcome()
+    try:
+        report = stages()
+        outcome.verdict, outcome.diagnosis = ("pass" if report.passed else "fail"), report.diagnosis
+        attempt.stage = "done"
+    except Interrupted as exc:
+        outcome.verdict, outcome.interrupted = "interrupted", exc
+        outcome.diagnosis = f"stopped by {signal.Signals(exc.signum).name} during {attempt.stage}{context}"
+        attempt.timings["signal"] = exc.signum
+    except StageFailure as exc:
+        attempt.stage, outcome.diagnosis = exc.stage, str(exc)
+    except Exception as exc:  # an unexpected error still gets its row
+        outcome.diagnosis = f"{type(exc).__name__}: {exc}"
+    return outcome
+
+
+def attempt_record(attempt: Attempt, verdict: str, diagnosis: str) -> ResultRecord:
+    """The attempt as its stored row."""
+    from deploykit.store import ResultRecord
+
+    attempt.mark("total_s", attempt.started)
+    attempt.timings["overhead_s"] = round(overhead(attempt.timings), 4)
+    # CPU this process used since it started (imports included, vLLM's processes not): load-proof overhead.
+    attempt.timings["deploykit_cpu_s"] = round(time.process_time(), 4)
+    loaded, plan = attempt.loaded, attempt.plan
+    log_tail = attempt.server.log_tail(60) if attempt.server is not None else ""
+    return ResultRecord(
+        command="serve",
+        profile_name=loaded.profile.name if loaded else attempt.options.profile,
+        profile_id=loaded.id if loaded else None,
+        verdict=verdict,
+        stage=attempt.stage,
+        diagnosis=redact(diagnosis, attempt.secrets),
+        base_url=attempt.base_url,
+        facts=attempt.facts,
+        plan=plan_for_store(plan, attempt.argv) if plan else None,
+        versions=attempt.versions or {"deploykit": deploykit_version()},
+        timings=attempt.timings,
+        cases=attempt.report.cases if attempt.report else [],
+        fixes_active=attempt.fixes_active,
+        fingerprint=attempt.fingerprint,
+        log_path=str(attempt.server.log_path) if attempt.server else None,
+        log_tail=redact(log_tail, attempt.secrets),
+    )

@@ -1,0 +1,81 @@
+"""What a smoke run passes around: the request to send, the exchange that came back, one case's result and
+the report. Plain records, cheap to import: the store reads `CaseResult` from every row."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+FIRST_IDS_KEPT = 32
+
+Endpoint = Literal["/v1/completions", "/v1/chat/completions"]
+
+
+class CaseResult(BaseModel):
+    """One smoke request and what the verdict made of it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    kind: str
+    endpoint: str
+    model: str
+    passed: bool
+    diagnosis: str = ""
+    http_status: int | None = None
+    latency_s: float = 0.0
+    prompt_tokens: int | None = None
+    completion_tokens: int = 0
+    tokens_per_s: float | None = None
+    first_ids: list[int] = Field(default_factory=list, description=f"first {FIRST_IDS_KEPT} generated ids")
+    finish_reason: str | None = None
+    text: str | None = Field(default=None, description="the start of the generated text")
+    warning: str = Field(default="", description="a near-tie divergence or a comparison that was skipped")
+    miss: bool = Field(
+        default=False,
+        description="failed only by being slow or unreachable (timeout, transport error, HTTP 5xx/429)",
+    )
+
+
+class SmokeReport(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    passed: bool
+    diagnosis: str
+    cases: list[CaseResult]
+    elapsed_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class SmokeRequest:
+    """One request to send: where, what, and what the answer must satisfy beyond the common rules."""
+
+    name: str
+    kind: str
+    endpoint: Endpoint
+    body: dict[str, Any]
+    expect_substring: str | None = None
+    min_prompt_tokens: int | None = None
+    group: str | None = None  # the requests of one consistency case share a group
+    compare_to: str | None = None
+    concurrent: bool = False
+    check_logprobs: bool = False
+
+    @property
+    def model(self) -> str:
+        return str(self.body["model"])
+
+
+@dataclass
+class Exchange:
+    """What came back for one request, before judging it."""
+
+    status_code: int | None = None
+    body: Any = None
+    raw_text: str = ""
+    latency_s: float = 0.0
+    timed_out: bool = False
+    transport_error: str | None = None
+    timeout_s: float | None = None

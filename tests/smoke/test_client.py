@@ -1,0 +1,73 @@
+"""The smoke over real HTTP: a local server answering each outcome (good, NaN, HTTP 500, too slow,
+refused)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from deploykit.smoke import SmokeRequest, run_smoke
+from tests.smoke.answers import completion_body
+
+
+class _Canned(BaseHTTPRequestHandler):
+    """Answers by the requested model name: a way to exercise each HTTP outcome."""
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.server.seen.append((self.path, self.headers.get("Authorization"), body))  # type: ignore[attr-defined]
+        model = body["model"]
+        if model == "slow":
+            time.sleep(2)
+        if model == "nan":
+            status, text = 200, '{"choices": [{"text": "x", "finish_reason": "length", "token_ids": [5], '
+            text += '"logprobs": {"token_logprobs": [NaN], "top_logprobs": [{"x": NaN}]}}]}'
+        elif model == "broken":
+            status, text = 500, "Internal Server Error"
+        else:
+            status, text = 200, json.dumps(completion_body())
+        payload = text.encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture()
+def canned_server() -> Iterator[ThreadingHTTPServer]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Canned)
+    server.seen = []  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_run_smoke_over_http(canned_server: ThreadingHTTPServer) -> None:
+    url = f"http://127.0.0.1:{canned_server.server_address[1]}"
+
+    def request(model: str) -> SmokeRequest:
+        return SmokeRequest(model, "completion", "/v1/completions", {"model": model, "prompt": "p"})
+
+    names = ["good", "nan", "broken", "slow"]
+    report = run_smoke(url, [request(n) for n in names], timeout_s=0.5, api_key="k-123456")
+    results = {case.name: case for case in report.cases}
+    assert results["good"].passed
+    assert "NaN or infinite" in results["nan"].diagnosis
+    assert results["broken"].diagnosis == "HTTP 500: Internal Server Error"
+    assert results["slow"].diagnosis == "timeout: no answer within 0.5 s"
+    assert not report.passed
+    assert all(auth == "Bearer k-123456" for _, auth, _ in canned_server.seen)  # type: ignore[attr-defined]
+    refused = run_smoke("http://127.0.0.1:9", [request("good")], timeout_s=2)
+    assert "request failed" in refused.cases[0].diagnosis
