@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import re
 import socket
 
 LOOPBACK_V4 = "127.0.0.1"
@@ -120,3 +121,69 @@ def health_ok(url: str, timeout_s: float = 5.0) -> bool:
             return int(response.status) == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False
+
+
+def server_url_problem(url: str) -> str | None:
+    """What makes `url` no server base URL (`smoke --url`, `canary --url`): not http(s), no host, or a port
+    outside 1-65535; None when it is one."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        return f"{exc} (ports are 1-65535)"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "expected http://HOST:PORT, e.g. http://127.0.0.1:8000"
+    if port == 0:
+        return "port 0 is not a port a server listens on (ports are 1-65535)"
+    return None
+
+
+# --- redaction --------------------------------------------------------------------------------------
+
+_SECRET_QUERY_KEY = re.compile(r"pass|secret|token|key|auth|credential|signature", re.IGNORECASE)
+REDACTED = "***"
+
+
+def redact_url(url: str) -> str:
+    """`url` with its password and secret query values as `***`, for every URL deploykit prints or stores.
+
+    Written for hostile input rather than parsed with urllib: a URL whose port is not a number, or whose
+    raw password holds `@ : / %`, is still redacted (everything between `://` and the last `@` before the
+    query is user info), and the result never contains the original through a repr."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url  # a bare path holds no credentials
+    before_at = rest.partition("@")[0]
+    plain_head = rest.partition("?")[0].partition("#")[0]
+    if "@" in rest and "@" not in plain_head and ":" in before_at and "=" not in before_at:
+        # A raw `/`, `?` or `#` in the password: the user info runs to the last `@` (erring on the side of
+        # hiding too much: a path or fragment holding `:` and `@` loses its middle).
+        user_info, _, rest = rest.rpartition("@")
+        user = user_info.partition(":")[0]
+        return f"{scheme}://{user}:{REDACTED}@{redact_url('x://' + rest)[4:]}"
+    head, qmark, query = rest.partition("?")
+    query, hash_mark, fragment = query.partition("#")
+    if not qmark:
+        head, hash_mark, fragment = rest.partition("#")
+    user_info, at, host_and_path = head.rpartition("@")
+    if at:
+        user, colon, _password = user_info.partition(":")
+        head = f"{user}:{REDACTED}@{host_and_path}" if colon else f"{user}@{host_and_path}"
+    if qmark:
+        query = "&".join(_redact_query_item(item) for item in query.split("&"))
+    return f"{scheme}://{head}{qmark}{query}{hash_mark}{fragment}"
+
+
+def _redact_query_item(item: str) -> str:
+    key, eq, value = item.partition("=")
+    return f"{key}={REDACTED}" if eq and value and _SECRET_QUERY_KEY.search(key) else item
+
+
+_URL_IN_TEXT = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+
+
+def redact_urls_in(text: str) -> str:
+    """`text` (a driver's error message, say) with every URL in it passed through `redact_url`."""
+    return _URL_IN_TEXT.sub(lambda match: redact_url(match.group()), text)

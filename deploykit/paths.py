@@ -19,6 +19,11 @@ from pathlib import Path
 
 from deploykit.errors import MissingPackageError
 
+# Owner-only directories and files are deploykit.files' job; re-exported for the modules that import
+# them from here.
+from deploykit.files import create_private_file as create_private_file
+from deploykit.files import make_private_dirs as make_private_dirs
+
 APP_NAME = "deploykit"
 PROFILE_DIR_ENV_VAR = "DEPLOYKIT_PROFILE_DIR"
 MODEL_CACHE_ENV_VAR = "DEPLOYKIT_MODEL_CACHE"
@@ -132,20 +137,3 @@ def template_dir() -> Path | None:
     """The shipped templates (systemd/ and helm/), or None when this install lacks them."""
     found = shipped_data_dir("templates")
     return found if found and (found / "systemd").is_dir() and (found / "helm").is_dir() else None
-
-
-# --- owner-only files -------------------------------------------------------------------------------
-
-
-def make_private_dirs(directory: Path) -> None:
-    """Create `directory` and any missing parents as 0700 (results and logs are the owner's alone);
-    directories that exist already keep their mode."""
-    missing = [d for d in [directory, *directory.parents] if not d.exists()]
-    for path in reversed(missing):
-        path.mkdir(mode=0o700, exist_ok=True)
-
-
-def create_private_file(path: Path) -> None:
-    """Create `path` as 0600 unless it exists (then it is left as it is)."""
-    if not path.exists():
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))

@@ -14,6 +14,7 @@ image, which has no SQLAlchemy. Storing there ends in one `StoreError` naming th
 from __future__ import annotations
 
 import functools
+import json
 import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,11 +23,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from deploykit import errors
-from deploykit.paths import STORE_ENV_VAR, create_private_file, default_store_url, make_private_dirs
+from deploykit.files import create_private_file, make_private_dirs
+from deploykit.net import redact_url, redact_urls_in
+from deploykit.paths import STORE_ENV_VAR, default_store_url
 from deploykit.smoke import CaseResult
+from deploykit.smoke.fingerprint import Fingerprint
 
 if TYPE_CHECKING:
     import sqlalchemy as sa
@@ -34,7 +38,12 @@ if TYPE_CHECKING:
 # Any constant works; it names "deploykit migrations" among the database's advisory locks.
 _PG_MIGRATION_LOCK = 0x6465706C6F79
 
-Verdict = Literal["pass", "fail", "error", "interrupted"]
+Verdict = Literal["pass", "fail", "error", "interrupted", "unreadable"]
+"""`unreadable` is never written: the reader gives it to a row it cannot read (see `_record`)."""
+Command = Literal["serve", "smoke", "canary", "trace", "unknown"]
+"""`unknown` is never written: an unreadable row whose command this deploykit does not know."""
+UNREADABLE: Verdict = "unreadable"
+_ROW_ID_MAX = 2**63 - 1  # SQLite INTEGER and PostgreSQL BIGINT: no row has a larger id
 
 
 class ResultRecord(BaseModel):
@@ -44,7 +53,7 @@ class ResultRecord(BaseModel):
 
     id: int | None = None
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
-    command: Literal["serve", "smoke", "canary", "trace"] = "serve"
+    command: Command = "serve"
     hostname: str = Field(default_factory=socket.gethostname)
     profile_name: str | None = None
     profile_id: str | None = None
@@ -64,10 +73,24 @@ class ResultRecord(BaseModel):
     )
     log_path: str | None = None
     log_tail: str = ""
+    fingerprint: Fingerprint | None = Field(
+        default=None, description="the probe set's answers, their key and the comparison with its baseline"
+    )
+
+    @field_validator("base_url")
+    @classmethod
+    def _no_password(cls, url: str | None) -> str | None:
+        """A URL given with `user:pw@` or `?password=` is stored (and so printed) without the secret."""
+        return None if url is None else redact_url(url)
 
     @property
     def passed(self) -> bool:
         return self.verdict == "pass"
+
+    @property
+    def unreadable(self) -> bool:
+        """A row this deploykit could not read: its id and time are real, its diagnosis says why."""
+        return self.verdict == UNREADABLE
 
 
 class StoreError(errors.StoreError, RuntimeError):
@@ -90,6 +113,15 @@ def require_sqlalchemy() -> None:
         ) from None
 
 
+def check_store_url(url: str) -> None:
+    """Refuse an empty --store (an in-memory SQLite store is refused once parsed: `_sqlite_engine`)."""
+    if not url.strip():
+        raise StoreError(
+            f"--store {url!r} names no store: give {SUPPORTED}, or leave --store out for the default "
+            f"(${STORE_ENV_VAR}, else SQLite in the user data directory)"
+        )
+
+
 def normalise_url(url: str) -> str:
     """Accept plain `postgresql://` (psql style) and bare file paths; SQLAlchemy needs the driver named."""
     if url.startswith(("postgresql://", "postgres://")):
@@ -106,39 +138,20 @@ def _parse_url(url: str) -> sa.URL:
     try:
         return sa.engine.make_url(normalise_url(url))
     except (sa.exc.ArgumentError, ValueError) as exc:
-        raise StoreError(f"the store URL {url!r} is not a URL ({exc}); use {SUPPORTED}") from None
+        raise StoreError(
+            f"the store URL {display_url(url)} is not a URL ({redact_urls_in(str(exc))}); use {SUPPORTED}"
+        ) from None
 
 
 def display_url(url: str) -> str:
-    """The URL as given, with its password hidden, for messages and the terminal."""
-    try:
-        import sqlalchemy as sa
-    except ImportError:
-        return _display_url_without_sqlalchemy(url)
-    try:
-        given = url if "://" in url else normalise_url(url)
-        return sa.engine.make_url(given).render_as_string(hide_password=True)
-    except (sa.exc.ArgumentError, ValueError):
-        return repr(url)
-
-
-def _display_url_without_sqlalchemy(url: str) -> str:
-    from urllib.parse import urlsplit
-
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:
-        return repr(url)
-    if not password:
-        return url
-    host = parts.netloc.rpartition("@")[2]
-    return parts._replace(netloc=f"{parts.username or ''}:***@{host}").geturl()
+    """The URL as given (a bare path as the sqlite:/// URL it becomes), passwords hidden: for messages,
+    the terminal and stored rows. `deploykit.net.redact_url` is the one redactor."""
+    return redact_url(url if "://" in url or not url else normalise_url(url))
 
 
 def _one_line(error: BaseException | None) -> str:
-    """A driver's error (psycopg's span several lines) as one line."""
-    return " ".join(str(error).split()) or type(error).__name__
+    """A driver's error (psycopg's span several lines) as one line, any URL in it redacted."""
+    return redact_urls_in(" ".join(str(error).split())) or type(error).__name__
 
 
 @contextmanager
@@ -166,7 +179,10 @@ def _results_table(metadata: sa.MetaData, *, schema_version: int | None = None) 
     """The results table as of `schema_version` (default: the newest); migrations build on older shapes."""
     import sqlalchemy as sa
 
-    added_later = [sa.Column("fixes_active", sa.JSON)]  # migration 3
+    version = SCHEMA_VERSION if schema_version is None else schema_version
+    added_later = [sa.Column("fixes_active", sa.JSON)] if version >= 3 else []
+    if version >= 4:
+        added_later += [sa.Column("fingerprint", sa.JSON), sa.Column("fingerprint_key", sa.String(64))]
     return sa.Table(
         "results",
         metadata,
@@ -187,13 +203,36 @@ def _results_table(metadata: sa.MetaData, *, schema_version: int | None = None) 
         sa.Column("cases", sa.JSON, nullable=False),
         sa.Column("log_path", sa.Text),
         sa.Column("log_tail", sa.Text, nullable=False),
-        *(added_later if schema_version is None or schema_version >= 3 else []),
+        *added_later,
+    )
+
+
+def _baselines_table(metadata: sa.MetaData) -> sa.Table:
+    """One row per baseline a key has had; at most one `active` per key (written under the key's lock)."""
+    import sqlalchemy as sa
+
+    return sa.Table(
+        "baselines",
+        metadata,
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("key", sa.String(64), nullable=False),
+        sa.Column("key_parts", sa.JSON, nullable=False),
+        sa.Column("result_id", sa.Integer, nullable=False),
+        sa.Column("hostname", sa.String(255), nullable=False),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("status", sa.String(16), nullable=False),
+        sa.Column("pinned", sa.Boolean, nullable=False),
+        sa.Column("confirmed_by", sa.String(255)),
+        sa.Column("confirmed_at", sa.DateTime(timezone=True)),
+        sa.Column("retired_at", sa.DateTime(timezone=True)),
+        sa.Column("note", sa.Text, nullable=False),
     )
 
 
 class _Tables(NamedTuple):
     results: sa.Table
     migrations: sa.Table
+    baselines: sa.Table
 
 
 @functools.cache
@@ -209,7 +248,9 @@ def _tables() -> _Tables:
         sa.Column("description", sa.String(200), nullable=False),
         sa.Column("applied_at", sa.DateTime(timezone=True), nullable=False),
     )
-    return _Tables(results=_results_table(metadata), migrations=migrations)
+    return _Tables(
+        results=_results_table(metadata), migrations=migrations, baselines=_baselines_table(metadata)
+    )
 
 
 if TYPE_CHECKING:
@@ -255,10 +296,27 @@ def _add_fixes_active(conn: sa.Connection) -> None:
     conn.exec_driver_sql(f"ALTER TABLE results ADD COLUMN fixes_active {column_type}")
 
 
+def _add_fingerprints(conn: sa.Connection) -> None:
+    """The fingerprint with each row, its key indexed, and the baselines table. Rows stored before it have
+    NULL: no fingerprint was taken."""
+    import sqlalchemy as sa
+
+    json_type = sa.JSON().compile(dialect=conn.dialect)
+    key_type = sa.String(64).compile(dialect=conn.dialect)
+    conn.exec_driver_sql(f"ALTER TABLE results ADD COLUMN fingerprint {json_type}")
+    conn.exec_driver_sql(f"ALTER TABLE results ADD COLUMN fingerprint_key {key_type}")
+    results = _results_table(sa.MetaData(), schema_version=4)
+    sa.Index("ix_results_fingerprint_key", results.c.fingerprint_key).create(conn)
+    baselines = _baselines_table(sa.MetaData())
+    baselines.create(conn)
+    sa.Index("ix_baselines_key_status", baselines.c.key, baselines.c.status).create(conn)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "results table", _create_results),
     Migration(2, "indexes for listing by time and profile", _index_for_listing),
     Migration(3, "fixes active on the server (GET /deploykit/status)", _add_fixes_active),
+    Migration(4, "fingerprints with each row, and the baselines of their keys", _add_fingerprints),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 
@@ -274,14 +332,19 @@ def _create_owner_only(database: str) -> None:
 def _sqlite_engine(url: sa.URL, given: str) -> sa.Engine:
     import sqlalchemy as sa
 
-    if url.database and url.database != ":memory:":
-        try:
-            _create_owner_only(url.database)
-        except OSError as exc:
-            raise StoreError(
-                f"cannot create the results store {display_url(given)}: {exc.strerror} ({exc.filename}); "
-                "pass --store sqlite:///PATH (or set $DEPLOYKIT_STORE) to a writable location"
-            ) from None
+    database = url.database or ""
+    if database == "" or ":memory:" in database or url.query.get("mode") == "memory":
+        raise StoreError(
+            f"the store {display_url(given)} is an in-memory SQLite database: its rows vanish when "
+            "deploykit exits; give a file, sqlite:///PATH, or pass --no-store (smoke, canary) to keep none"
+        )
+    try:
+        _create_owner_only(database)
+    except OSError as exc:
+        raise StoreError(
+            f"cannot create the results store {display_url(given)}: {exc.strerror} ({exc.filename}); "
+            "pass --store sqlite:///PATH (or set $DEPLOYKIT_STORE) to a writable location"
+        ) from None
     engine = sa.create_engine(url, connect_args={"timeout": 60})
 
     @sa.event.listens_for(engine, "connect")
@@ -371,27 +434,116 @@ class Store:
         """Insert one attempt; returns its id."""
         import sqlalchemy as sa
 
+        if record.verdict == UNREADABLE or record.command == "unknown":
+            raise StoreError("an unreadable row is never written back: store the attempt itself")
         results = _tables().results
         row = record.model_dump(mode="json", exclude={"id"})
         row["created_at"] = record.created_at
+        row["fingerprint_key"] = record.fingerprint.key if record.fingerprint is not None else None
         with store_errors(self.url, "write to"), self.engine.begin() as conn:
+            if record.fingerprint is not None:
+                _lock_key(conn, record.fingerprint.key)
             result = conn.execute(sa.insert(results).values(**row).returning(results.c.id))
-            return int(result.scalar_one())
+            row_id = int(result.scalar_one())
+            if record.fingerprint is not None and record.passed:
+                _settle_baseline(conn, record, record.fingerprint, row_id)
+            return row_id
 
-    def get(self, result_id: int) -> ResultRecord | None:
+    # --- baselines -------------------------------------------------------------------------------------
+
+    def active_baseline(self, key: str) -> Baseline | None:
+        """The baseline a fingerprint of `key` is compared with now, its row's fingerprint loaded."""
+        found = self.baselines(key=key)
+        return found[0] if found else None
+
+    def baselines(self, key: str | None = None, *, include_retired: bool = False) -> list[Baseline]:
+        """Baselines, newest first: the active ones (and the retired ones when asked), of one key or all."""
         import sqlalchemy as sa
 
+        table, results = _tables().baselines, _tables().results
+        query = (
+            sa.select(table, sa.type_coerce(results.c.fingerprint, sa.Text).label("fingerprint"))
+            .join(results, results.c.id == table.c.result_id, isouter=True)
+            .order_by(table.c.id.desc())
+        )
+        if key is not None:
+            query = query.where(table.c.key == key)
+        if not include_retired:
+            query = query.where(table.c.status == "active")
+        with store_errors(self.url, "read"), self.engine.connect() as conn:
+            return [_baseline(row) for row in conn.execute(query).mappings()]
+
+    def disputed(self, key: str, since_row: int, limit: int = 50) -> list[ResultRecord]:
+        """Rows of `key` after `since_row` whose fingerprint disagreed with an unconfirmed baseline: the
+        candidates a third replica may side with."""
+        results = _tables().results
+        query = (
+            _raw_select()
+            .where(results.c.fingerprint_key == key, results.c.id > since_row)
+            .order_by(results.c.id.desc())
+            .limit(limit)
+        )
+        with store_errors(self.url, "read"), self.engine.connect() as conn:
+            rows = [_record(row) for row in conn.execute(query).mappings()]
+        return [
+            r
+            for r in rows
+            if r.fingerprint is not None
+            and r.fingerprint.comparison is not None
+            and r.fingerprint.comparison.verdict == "disputed"
+        ]
+
+    def pin_baseline(self, result_id: int, note: str = "") -> Baseline:
+        """Make row `result_id`'s fingerprint the active, confirmed baseline of its key (an operator says)."""
+        record = self.get(result_id)
+        if record is None or record.fingerprint is None or not record.fingerprint.key:
+            raise StoreError(
+                f"row #{result_id} has no fingerprint to pin: pick a `serve` or `smoke` row with one "
+                "(deploykit results list)"
+            )
+        fingerprint = record.fingerprint
+        with store_errors(self.url, "write to"), self.engine.begin() as conn:
+            _lock_key(conn, fingerprint.key)
+            _retire_active(conn, fingerprint.key, f"replaced by a pin of row #{result_id}")
+            _insert_baseline(
+                conn, fingerprint, result_id, record.hostname, pinned=True, confirmed_by="operator", note=note
+            )
+        baseline = self.active_baseline(fingerprint.key)
+        assert baseline is not None
+        return baseline
+
+    def retire_baseline(self, baseline_id: int, note: str = "retired by an operator") -> Baseline:
+        """Retire one baseline; the key's next healthy run becomes its new baseline."""
+        import sqlalchemy as sa
+
+        table = _tables().baselines
+        found = [b for b in self.baselines(include_retired=True) if b.id == baseline_id]
+        if not found:
+            raise StoreError(f"no baseline #{baseline_id}: see `deploykit results baseline show --all`")
+        with store_errors(self.url, "write to"), self.engine.begin() as conn:
+            conn.execute(
+                sa.update(table)
+                .where(table.c.id == baseline_id, table.c.status == "active")
+                .values(status="retired", retired_at=datetime.now(UTC), note=note)
+            )
+        return next(b for b in self.baselines(include_retired=True) if b.id == baseline_id)
+
+    def get(self, result_id: int) -> ResultRecord | None:
+        """The row with this id (None when there is none, an id past what SQL stores included); a row
+        this deploykit cannot read comes back `unreadable`, never as an exception."""
+
+        if not 1 <= result_id <= _ROW_ID_MAX:
+            return None
         results = _tables().results
         with store_errors(self.url, "read"), self.engine.connect() as conn:
-            row = conn.execute(sa.select(results).where(results.c.id == result_id)).mappings().first()
+            row = conn.execute(_raw_select().where(results.c.id == result_id)).mappings().first()
         return None if row is None else _record(row)
 
     def recent(self, limit: int = 20, profile: str | None = None) -> list[ResultRecord]:
-        """The newest attempts first."""
-        import sqlalchemy as sa
+        """The newest attempts first; a row this deploykit cannot read is in its place, `unreadable`."""
 
         results = _tables().results
-        query = sa.select(results).order_by(results.c.id.desc()).limit(limit)
+        query = _raw_select().order_by(results.c.id.desc()).limit(max(0, min(limit, _ROW_ID_MAX)))
         if profile is not None:
             query = query.where(results.c.profile_name == profile)
         with store_errors(self.url, "read"), self.engine.connect() as conn:
@@ -404,6 +556,140 @@ class Store:
             return int(conn.execute(sa.select(sa.func.count()).select_from(_tables().results)).scalar_one())
 
 
+class Baseline(BaseModel):
+    """The fingerprint every run of one key is compared with: which row, from which host, since when."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: int
+    key: str
+    key_parts: dict[str, Any]
+    result_id: int
+    hostname: str
+    created_at: datetime
+    status: Literal["active", "retired"]
+    pinned: bool = False
+    confirmed_by: str | None = Field(
+        default=None, description="the other host (or `operator`) that agreed with it; None: provisional"
+    )
+    confirmed_at: datetime | None = None
+    retired_at: datetime | None = None
+    note: str = ""
+    fingerprint: Fingerprint | None = None
+
+
+def _baseline(row: sa.RowMapping) -> Baseline:
+    data = dict(row)
+    for name in ("key_parts", "fingerprint"):
+        if isinstance(data.get(name), str | bytes):
+            data[name] = json.loads(data[name])
+    for name in ("created_at", "confirmed_at", "retired_at"):
+        if data.get(name) is not None:
+            data[name] = _timestamp(data[name])
+    return Baseline.model_validate(data)
+
+
+def _lock_key(conn: sa.Connection, key: str) -> None:
+    """Serialise baseline decisions of one key: PostgreSQL takes an advisory lock for the transaction;
+    SQLite's writers are serialised already (BEGIN IMMEDIATE)."""
+    import sqlalchemy as sa
+
+    if conn.dialect.name == "postgresql":
+        conn.execute(sa.select(sa.func.pg_advisory_xact_lock(int(key[:15] or "0", 16))))
+
+
+def _active(conn: sa.Connection, key: str) -> sa.RowMapping | None:
+    import sqlalchemy as sa
+
+    table = _tables().baselines
+    query = sa.select(table).where(table.c.key == key, table.c.status == "active").order_by(table.c.id.desc())
+    return conn.execute(query).mappings().first()
+
+
+def _retire_active(conn: sa.Connection, key: str, note: str) -> None:
+    import sqlalchemy as sa
+
+    table = _tables().baselines
+    conn.execute(
+        sa.update(table)
+        .where(table.c.key == key, table.c.status == "active")
+        .values(status="retired", retired_at=datetime.now(UTC), note=note)
+    )
+
+
+def _insert_baseline(
+    conn: sa.Connection,
+    fingerprint: Fingerprint,
+    result_id: int,
+    hostname: str,
+    *,
+    pinned: bool = False,
+    confirmed_by: str | None = None,
+    note: str = "",
+) -> None:
+    import sqlalchemy as sa
+
+    now = datetime.now(UTC)
+    conn.execute(
+        sa.insert(_tables().baselines).values(
+            key=fingerprint.key,
+            key_parts=fingerprint.key_parts,
+            result_id=result_id,
+            hostname=hostname,
+            created_at=now,
+            status="active",
+            pinned=pinned,
+            confirmed_by=confirmed_by,
+            confirmed_at=now if confirmed_by else None,
+            note=note,
+        )
+    )
+
+
+def _settle_baseline(
+    conn: sa.Connection, record: ResultRecord, fingerprint: Fingerprint, row_id: int
+) -> None:
+    """A passing row's effect on its key's baseline, in the row's own transaction (under the key's lock):
+    the first healthy run of a key becomes its baseline (provisional); a match from another host confirms
+    it; a third host siding with a disputed candidate replaces a provisional baseline with that candidate."""
+    import sqlalchemy as sa
+
+    comparison = fingerprint.comparison
+    verdict = comparison.verdict if comparison is not None else "new"
+    active = _active(conn, fingerprint.key)
+    if active is None:
+        if verdict in ("new", "match"):
+            _insert_baseline(
+                conn, fingerprint, row_id, record.hostname, note="the first healthy run of its key"
+            )
+        return
+    table = _tables().baselines
+    if verdict == "match" and active["confirmed_by"] is None and active["hostname"] != record.hostname:
+        conn.execute(
+            sa.update(table)
+            .where(table.c.id == active["id"])
+            .values(confirmed_by=record.hostname, confirmed_at=datetime.now(UTC))
+        )
+    elif verdict == "decides" and comparison is not None and comparison.agrees_with_row is not None:
+        results = _tables().results
+        host = conn.execute(sa.select(results.c.hostname).where(results.c.id == comparison.agrees_with_row))
+        candidate_host = str(host.scalar() or "?")
+        _retire_active(
+            conn,
+            fingerprint.key,
+            f"outvoted: rows #{comparison.agrees_with_row} ({candidate_host}) and #{row_id} "
+            f"({record.hostname}) agree with each other, not with it",
+        )
+        _insert_baseline(
+            conn,
+            fingerprint,
+            comparison.agrees_with_row,
+            candidate_host,
+            confirmed_by=record.hostname,
+            note=f"decided by row #{row_id} ({record.hostname})",
+        )
+
+
 def _applied_version(conn: sa.Connection) -> int:
     import sqlalchemy as sa
 
@@ -414,24 +700,96 @@ def _applied_version(conn: sa.Connection) -> int:
     return int(value or 0)
 
 
-def _record(row: sa.RowMapping) -> ResultRecord:
-    data = dict(row)
-    created = data["created_at"]
-    if isinstance(created, datetime):
-        # SQLite keeps no offset (we always write UTC); PostgreSQL answers in the session's zone.
-        data["created_at"] = (
-            created.replace(tzinfo=UTC) if created.tzinfo is None else created.astimezone(UTC)
+def _raw_select() -> sa.Select[Any]:
+    """Every column, with JSON and time columns as the database's text: decoding them is `_record`'s
+    job, row by row, so one cell a newer writer filled differently cannot fail the whole query."""
+    import sqlalchemy as sa
+
+    results = _tables().results
+    return sa.select(
+        *(
+            sa.type_coerce(column, sa.Text).label(column.name)
+            if isinstance(column.type, sa.JSON | sa.DateTime)
+            else column
+            for column in results.columns
         )
-    return ResultRecord.model_validate(data)
+    )
+
+
+def _record(row: sa.RowMapping) -> ResultRecord:
+    """One stored row as a record; a row that does not decode or validate (a verdict, command or JSON
+    a newer deploykit wrote) is an `unreadable` record saying why, so the rows around it still show."""
+    import sqlalchemy as sa
+
+    data = dict(row)
+    data.pop("fingerprint_key", None)
+    try:
+        data["created_at"] = _timestamp(data["created_at"])
+        for column in _tables().results.columns:
+            if isinstance(column.type, sa.JSON) and isinstance(data.get(column.name), str | bytes):
+                try:
+                    data[column.name] = json.loads(data[column.name])
+                except ValueError as exc:
+                    raise ValueError(f"{column.name} is not JSON ({exc})") from None
+        return ResultRecord.model_validate(data)
+    except (ValueError, TypeError, ValidationError) as exc:
+        return _unreadable(data, exc)
+
+
+def _timestamp(value: Any) -> datetime:
+    """A stored time in UTC: SQLite keeps text without an offset (we always write UTC); PostgreSQL
+    answers a datetime in the session's zone."""
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            raise ValueError(f"created_at {value[:40]!r} is not a time") from None
+    if not isinstance(value, datetime):
+        raise ValueError(f"created_at {str(value)[:40]!r} is not a time")
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _unreadable(data: dict[str, Any], exc: Exception) -> ResultRecord:
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "the row"
+        got = first.get("input")
+        if first["type"] in ("literal_error", "enum"):
+            why = f"{where} {str(got)[:60]!r} is not one this deploykit knows"
+        else:
+            why = f"{where}: {first['msg']}" + (f" (got {str(got)[:60]!r})" if isinstance(got, str) else "")
+    else:
+        why = " ".join(str(exc).split())[:200]
+    try:
+        created = _timestamp(data.get("created_at"))
+    except (ValueError, TypeError):
+        created = datetime.fromtimestamp(0, UTC)
+    command = data.get("command")
+    known = command in ("serve", "smoke", "canary", "trace")
+    profile = data.get("profile_name")
+    return ResultRecord(
+        id=data.get("id") if isinstance(data.get("id"), int) else None,
+        created_at=created,
+        command=command if known else "unknown",
+        hostname=str(data.get("hostname") or "?"),
+        profile_name=profile if isinstance(profile, str) else None,
+        verdict=UNREADABLE,
+        stage=UNREADABLE,
+        diagnosis=f"this deploykit cannot read the row ({why}); a newer deploykit may have written it: "
+        "read it with that version",
+    )
 
 
 def open_store(url: str | None = None, *, migrate: bool = True) -> Store:
     """Open (creating when needed) the store at `url`, default `default_store_url()`."""
     require_sqlalchemy()
+    if url is not None:
+        check_store_url(url)
     try:
         chosen = url or default_store_url()
     except errors.MissingPackageError as exc:  # no platformdirs: where the default store goes is unknown
         raise StoreError(f"{exc.message}, or {NO_STORE}") from None
+    check_store_url(chosen)
     store = Store(create_store_engine(chosen), chosen)
     if migrate:
         try:

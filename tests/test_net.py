@@ -147,3 +147,33 @@ def test_health_ok_over_ipv6() -> None:
         server.shutdown()
         server.server_close()
     assert not net.health_ok(net.health_url(url), timeout_s=0.5)
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("http://127.0.0.1:8000/v1", "http://127.0.0.1:8000/v1"),
+        ("http://user:S3cret@127.0.0.1:8000", "http://user:***@127.0.0.1:8000"),
+        ("postgresql://u@host/db?password=S3cret", "postgresql://u@host/db?password=***"),
+        ("postgresql://u:S3cret@host:notaport/db", "postgresql://u:***@host:notaport/db"),
+        ("postgresql://u:S3c@:/%ret@host:5432/db", "postgresql://u:***@host:5432/db"),
+        ("postgresql://u:S3c/ret?x@host/db", "postgresql://u:***@host/db"),
+        ("postgresql://u:S3c#ret@host/db", "postgresql://u:***@host/db"),
+        ("postgresql://u:pw@h/db?application_name=a@b", "postgresql://u:***@h/db?application_name=a@b"),
+        (
+            "postgresql://u:pw@h/db?sslmode=require&sslpassword=S3cret",
+            "postgresql://u:***@h/db?sslmode=require&sslpassword=***",
+        ),
+        ("https://h/x?token=S3cret&model=m", "https://h/x?token=***&model=m"),
+        ("sqlite:////tmp/results.sqlite", "sqlite:////tmp/results.sqlite"),
+        ("/tmp/results.sqlite", "/tmp/results.sqlite"),
+    ],
+)
+def test_redact_url_hides_every_password_even_in_urls_that_do_not_parse(url: str, shown: str) -> None:
+    assert net.redact_url(url) == shown
+    assert "S3c" not in net.redact_url(url)
+
+
+def test_redact_urls_in_text_redacts_each_url_it_holds() -> None:
+    text = "cannot reach http://u:S3cret@h:1/x (from postgresql://a:S3cret@b/c)"
+    assert net.redact_urls_in(text) == "cannot reach http://u:***@h:1/x (from postgresql://a:***@b/c)"

@@ -188,7 +188,7 @@ def test_rendered_secret_files_are_owner_only_from_the_start(tmp_path: Path) -> 
     result = RenderResult(files=[RenderedFile(path="x.env", content="A=1\n", mode=0o600)])
     old = os.umask(0)
     try:
-        write_files(result, out)
+        write_files(result, out, force=True)  # x.env is not deploykit's: replacing it takes --force
         write_files(
             result.model_copy(update={"files": [result.files[0].model_copy(update={"path": "y.env"})]}), out
         )

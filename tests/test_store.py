@@ -118,7 +118,8 @@ def test_an_old_store_is_migrated_and_keeps_its_rows(store_url: str) -> None:
     assert old.schema_version() == 1
     # A row as deploykit wrote it at schema version 1 (no fixes_active column yet).
     v1_table = _results_table(sa.MetaData(), schema_version=1)
-    row = full_record(profile="from-v1").model_dump(mode="json", exclude={"id", "fixes_active"})
+    later = {"id", "fixes_active", "fingerprint"}
+    row = full_record(profile="from-v1").model_dump(mode="json", exclude=later)
     row["created_at"] = datetime.now(UTC)
     with old.engine.begin() as conn:
         kept = int(conn.execute(sa.insert(v1_table).values(**row).returning(v1_table.c.id)).scalar_one())
@@ -230,3 +231,115 @@ def test_urls_are_normalised_and_passwords_hidden() -> None:
 def test_unreachable_postgres_is_a_clear_error() -> None:
     with pytest.raises(StoreError, match="cannot open the results store"):
         open_store("postgresql://nobody:pw@127.0.0.1:9/none?connect_timeout=2")
+
+
+def _insert_raw(store: Store, **changes: object) -> int:
+    """A row as another writer (a newer deploykit) might leave it: the columns as given, raw."""
+    row: dict[str, object] = {
+        "created_at": datetime(2030, 1, 1, tzinfo=UTC),
+        "command": "serve",
+        "hostname": "elsewhere",
+        "verdict": "pass",
+        "stage": "done",
+        "diagnosis": "",
+        "versions": {},
+        "timings": {},
+        "cases": [],
+        "log_tail": "",
+        **changes,
+    }
+    with store.engine.begin() as conn:
+        table = _results_table(sa.MetaData())
+        return int(conn.execute(sa.insert(table).values(**row).returning(table.c.id)).scalar_one())
+
+
+def test_a_row_this_deploykit_cannot_read_is_reported_as_such_and_the_rest_still_show(
+    store: Store, store_url: str
+) -> None:
+    """A newer deploykit sharing the store writes a verdict, a command or a JSON shape this one does not
+    know: that row is listed as unreadable (with why), every other row as it is; no traceback."""
+    first = store.add(full_record("a"))
+    odd = {
+        _insert_raw(store, verdict="degraded"): "verdict 'degraded'",
+        _insert_raw(store, command="bench"): "command 'bench'",
+        _insert_raw(store, cases=[{"name": "x", "from_the_future": True}]): "cases",
+    }
+    last = store.add(full_record("b", verdict="fail"))
+    rows = {r.id: r for r in store.recent(limit=10)}
+    assert rows[first].verdict == "pass" and rows[last].verdict == "fail"
+    for row_id, why in odd.items():
+        assert rows[row_id].unreadable and why in rows[row_id].diagnosis, rows[row_id]
+        assert rows[row_id].created_at == datetime(2030, 1, 1, tzinfo=UTC)
+        assert store.get(row_id) == rows[row_id]
+
+    runner = CliRunner()
+    listed = runner.invoke(app, ["results", "list", "--store", store_url, "-f", "json"])
+    assert listed.exit_code == 0, listed.output
+    verdicts = {row["id"]: row["verdict"] for row in json.loads(listed.stdout)}
+    assert verdicts == {first: "pass", last: "fail", **dict.fromkeys(odd, "unreadable")}
+    for row_id in odd:
+        shown = runner.invoke(app, ["results", "show", str(row_id), "--store", store_url])
+        assert shown.exit_code == 0 and "UNREADABLE" in shown.stdout, shown.output
+
+
+def test_a_cell_that_is_not_json_or_a_time_is_one_unreadable_row(tmp_path: Path) -> None:
+    """SQLite keeps JSON and times as text: a cell that does not decode fails that row, not the query."""
+    store = open_store(str(tmp_path / "r.sqlite"))
+    good = store.add(full_record())
+    with store.engine.begin() as conn:
+        for created, versions in (("2030-01-01 00:00:00", "{not json"), ("garbage", "{}")):
+            conn.exec_driver_sql(
+                "INSERT INTO results (created_at, command, hostname, verdict, stage, diagnosis, versions, "
+                f"timings, cases, log_tail) VALUES ('{created}', 'serve', 'h', 'pass', 'done', '', "
+                f"'{versions}', '{{}}', '[]', '')"
+            )
+    rows = store.recent()
+    store.close()
+    assert [r.verdict for r in rows] == ["unreadable", "unreadable", "pass"] and rows[2].id == good
+    assert "versions is not JSON" in rows[1].diagnosis and "'garbage' is not a time" in rows[0].diagnosis
+
+
+def test_an_id_or_limit_past_what_sql_stores_is_no_row_not_an_overflow(store: Store) -> None:
+    store.add(full_record())
+    assert store.get(10**20) is None and store.get(0) is None
+    assert len(store.recent(limit=10**20)) == 1
+
+
+def test_an_unreadable_row_is_never_written_back(store: Store) -> None:
+    with pytest.raises(StoreError, match="never written back"):
+        store.add(ResultRecord(verdict="unreadable", stage="unreadable"))
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:", "sqlite:///file::memory:?cache=shared"])
+def test_an_in_memory_store_is_refused_rows_would_vanish(url: str) -> None:
+    with pytest.raises(StoreError, match="in-memory SQLite database: its rows vanish"):
+        open_store(url)
+
+
+def test_an_empty_store_url_is_refused_not_taken_for_the_default() -> None:
+    with pytest.raises(StoreError, match="--store '' names no store"):
+        open_store("")
+
+
+def test_a_stored_base_url_never_keeps_its_password(store: Store) -> None:
+    record = full_record().model_copy(update={"base_url": "http://user:S3cret@h:8000/?api_key=S3cret"})
+    row_id = store.add(ResultRecord.model_validate(record.model_dump()))
+    stored = store.get(row_id)
+    assert stored is not None and stored.base_url == "http://user:***@h:8000/?api_key=***"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://u@127.0.0.1:1/db?password=S3cret",
+        "postgresql://u:S3cret@127.0.0.1:notaport/db",
+        "postgresql://u:S3c@:/%ret@127.0.0.1:1/db",
+        "postgresql://u:S3c/ret?x@127.0.0.1:1/db",
+        "mysql://u:S3cret@h/db",
+    ],
+)
+def test_a_store_url_password_is_never_in_an_error(url: str) -> None:
+    with pytest.raises(StoreError) as raised:
+        open_store(url)
+    assert "S3c" not in str(raised.value) and "ret@" not in str(raised.value), raised.value
+    assert "S3c" not in display_url(url)

@@ -5,6 +5,7 @@ Nothing heavy at import: each helper imports what it needs when it runs."""
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Iterator
 from enum import StrEnum
@@ -13,14 +14,12 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
+from deploykit import exit_codes
 from deploykit.errors import UsageError
 
 if TYPE_CHECKING:
     from deploykit.probe.facts import ProbeFacts
     from deploykit.profile.schema import FixMode, LoadedProfile
-
-EXIT_USAGE = 2
-EXIT_NO_GPU = 3
 
 
 class TableOrJson(StrEnum):
@@ -47,7 +46,87 @@ FixOption = Annotated[
 ]
 
 
-def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
+# --- numbers -------------------------------------------------------------------------------------------
+# Every numeric option goes through one of these two types. click's own FLOAT takes "nan" and "inf" (and
+# `x >= 0` is False for NaN only by luck of the comparison), and its INT takes 10**20, which SQLite then
+# refuses with an OverflowError. These refuse both on the command line, as a one-line usage error.
+
+SECONDS_MAX = 7 * 24 * 3600.0
+"""The longest wait any option may ask for: a week. Longer is a typo, and time.sleep would overflow
+for the absurd values (1e20) long before the heat death of the server."""
+
+SQL_INTEGER_MAX = 2**63 - 1
+"""The largest integer SQLite and PostgreSQL BIGINT store: a row id or limit beyond it cannot exist."""
+
+
+class FiniteFloat:
+    """A real number in [low, high] (or (low, high] with `low_open`): never NaN or infinity.
+    A Typer parser: `typer.Option("--every", parser=seconds(0.1))`."""
+
+    __name__ = "number"  # what Typer's help shows as the metavar
+
+    def __init__(self, low: float, high: float, *, low_open: bool = False, unit: str = "") -> None:
+        self.low, self.high, self.low_open, self.unit = low, high, low_open, unit
+        self.__name__ = unit or "number"
+
+    def describe(self) -> str:
+        unit = f" {self.unit}" if self.unit else ""
+        return f"{'(' if self.low_open else '['}{self.low:g}, {self.high:g}]{unit}"
+
+    def __call__(self, value: str | float) -> float:
+        if isinstance(value, float | int) and not isinstance(value, bool):
+            number = float(value)
+        else:
+            try:
+                number = float(str(value).strip())
+            except ValueError:
+                raise typer.BadParameter(f"{value!r} is not a number in {self.describe()}") from None
+        if not math.isfinite(number):
+            raise typer.BadParameter(f"{value!r} is not a finite number in {self.describe()}")
+        too_low = number <= self.low if self.low_open else number < self.low
+        if too_low or number > self.high:
+            raise typer.BadParameter(f"{value!r} is not in {self.describe()}")
+        return number
+
+
+class WholeNumber:
+    """An integer in [low, high], written as digits (no 1e3, no 1.0): never beyond what SQL stores.
+    A Typer parser: `typer.Option("--limit", parser=ROW_LIMIT)`."""
+
+    __name__ = "integer"
+
+    def __init__(self, low: int, high: int = SQL_INTEGER_MAX) -> None:
+        self.low, self.high = low, high
+
+    def __call__(self, value: str | int) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            number = value
+        else:
+            text = str(value).strip()
+            if not text.lstrip("+-").isdigit() or len(text) > 40:
+                raise typer.BadParameter(f"{value!r} is not a whole number in [{self.low}, {self.high}]")
+            number = int(text)
+        if not self.low <= number <= self.high:
+            raise typer.BadParameter(f"{value!r} is not in [{self.low}, {self.high}]")
+        return number
+
+
+def seconds(low: float = 0.0, *, low_open: bool = False, high: float = SECONDS_MAX) -> FiniteFloat:
+    """A duration option's parser, e.g. `typer.Option("--every", parser=seconds(0.1))`."""
+    return FiniteFloat(low, high, low_open=low_open, unit="seconds")
+
+
+ROW_ID = WholeNumber(1)
+"""A stored result's id (`results show ID`)."""
+
+ROW_LIMIT = WholeNumber(1, 1_000_000)
+"""How many rows to list (`results list --limit`)."""
+
+PORT = WholeNumber(1, 65535)
+"""A TCP port."""
+
+
+def fail(message: str, code: int = exit_codes.USAGE) -> NoReturn:
     """Stop the command: the CLI's one error handler prints `deploykit: MESSAGE` and exits with `code`."""
     error = UsageError(message)
     error.exit_code = code
@@ -106,3 +185,14 @@ def quiet_libraries() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         yield
+
+
+# One `--store` for every command that reads or writes rows (serve, smoke, results, results baseline).
+StoreOption = Annotated[
+    str | None,
+    typer.Option(
+        "--store",
+        help="Results store URL: sqlite:///PATH or postgresql://USER:PASS@HOST/DB "
+        "(default: $DEPLOYKIT_STORE, else SQLite in the user data directory).",
+    ),
+]

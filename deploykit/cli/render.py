@@ -25,6 +25,14 @@ render_app = typer.Typer(
 )
 
 OutOption = Annotated[Path, typer.Option("--out", "-o", help="Directory to write the files into.")]
+ForceOption = Annotated[
+    bool,
+    typer.Option(
+        "--force",
+        help="Overwrite files in --out that were changed since deploykit wrote them (a filled-in secrets "
+        "file is kept even so).",
+    ),
+]
 
 
 def _render(
@@ -34,6 +42,7 @@ def _render(
     facts: Path | None,
     fix: list[str] | None,
     render: Callable[[Plan, LoadedProfile], RenderResult],
+    force: bool = False,
 ) -> None:
     """Open the profile, plan it for the target, render, then print the warnings and the written paths."""
     from deploykit.cli.options import fail, gather_facts, open_profile, parse_fix_overrides
@@ -47,8 +56,14 @@ def _render(
         fail(f"render {kind}: {exc}")
     for warning in result.warnings:
         typer.echo(f"deploykit render: warning: {warning}", err=True)
-    for path in write_files(result, out):
+    try:
+        done = write_files(result, out, force=force)
+    except RenderError as exc:
+        fail(f"render {kind}: {exc}")
+    for path in done.written:
         typer.echo(str(path))
+    for path, why in done.kept:
+        typer.echo(f"deploykit render: {path}: {why}", err=True)
 
 
 @render_app.command("systemd")
@@ -57,6 +72,7 @@ def render_systemd(
     out: OutOption,
     facts: FactsOption = None,
     fix: FixOption = None,
+    force: ForceOption = False,
     prefix: Annotated[
         Path | None,
         typer.Option(
@@ -80,6 +96,7 @@ def render_systemd(
         facts,
         fix,
         lambda plan, loaded: render(plan, loaded, SystemdOptions(prefix=target)),
+        force,
     )
 
 
@@ -89,11 +106,12 @@ def render_helm(
     out: OutOption,
     facts: FactsOption = None,
     fix: FixOption = None,
+    force: ForceOption = False,
 ) -> None:
     """A Helm chart (apiVersion v2): Deployment, Service, profile ConfigMap and a smoke test hook."""
     from deploykit.render.helm import render_helm as render
 
-    _render("helm", profile, out, facts, fix, render)
+    _render("helm", profile, out, facts, fix, render, force)
 
 
 def register(app: typer.Typer) -> None:

@@ -90,6 +90,12 @@ def print_plan(plan: Plan) -> None:
         console.print(f"[{_DECISION_STYLE[group]}]{group.replace('_', ' ')}[/]")
         for fix in members:
             console.print(f"  {fix.name} ({fix.mode.value}): {fix.reason}", markup=False)
+    if plan.advisories:  # known-bad combinations that apply (`deploykit advisories`)
+        console.print("[bold]advisories[/bold]")
+    for advisory in plan.advisories:
+        refs = ", ".join(ref.split(" ", 1)[0] for ref in advisory.references)
+        what = f": {advisory.change}" if advisory.change else ""
+        console.print(f"  advisory {advisory.id} ({refs}): {advisory.outcome}{what}", markup=False)
     console.print("[bold]launch[/bold]")
     if plan.errors:
         console.print("  (not shown: the plan has errors, below)")
@@ -101,7 +107,7 @@ def print_plan(plan: Plan) -> None:
 
 
 def print_profile_rows(rows: list[ProfileRow]) -> None:
-    table = Table("profile", "status", "fixes", "why")
+    table = Table("profile", "status", "fixes", "advisories", "why")
     style = {
         "compatible": "green",
         "compatible_with_warnings": "yellow",
@@ -113,6 +119,7 @@ def print_profile_rows(rows: list[ProfileRow]) -> None:
             row.name,
             f"[{style[row.status]}]{row.status.replace('_', ' ')}[/]",
             ", ".join(row.enabled_fixes) or "-",
+            "\n".join(row.advisories) or "-",
             "\n".join(row.reasons) or "-",
         )
     console.print(table)

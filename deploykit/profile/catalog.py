@@ -22,6 +22,7 @@ class ProfileRow(BaseModel):
     status: Literal["compatible", "compatible_with_warnings", "incompatible", "invalid"]
     enabled_fixes: list[str]
     reasons: list[str]
+    advisories: list[str] = []  # `id (outcome)` of the known-bad combinations that apply (plan.advisories)
 
 
 class RequirementsView(Protocol):
@@ -44,6 +45,8 @@ class PlanView(Protocol):
     def warnings(self) -> list[str]: ...
     @property
     def enabled_fixes(self) -> list[str]: ...
+    @property
+    def advisory_summary(self) -> list[str]: ...
 
 
 Planner = Callable[[LoadedProfile, ProbeFacts], PlanView]
@@ -84,6 +87,7 @@ def assess_profiles(
                 status=status,
                 enabled_fixes=plan.enabled_fixes,
                 reasons=reasons,
+                advisories=plan.advisory_summary,
             )
         )
     return rows

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from deploykit.input_files import InputFileError, compose_yaml, read_text
 from deploykit.paths import shipped_profile_dirs, user_profile_dir
 from deploykit.profile.schema import LoadedProfile, Profile, ProfileError, ProfileIssue
 
@@ -113,6 +114,11 @@ def _is_union_tag(part: str | int) -> bool:
 
 def _pydantic_message(error: Any) -> str:
     kind = error["type"]
+    if kind == "extra_forbidden" and tuple(error["loc"]) == ("schema_version",):
+        return (
+            "a profile has no schema_version (a saved facts file does): remove this line; "
+            "see docs/profiles.md for every field"
+        )
     if kind == "extra_forbidden":
         return "unknown key (check the spelling; see docs/profiles.md for every field)"
     if kind == "missing":
@@ -126,16 +132,9 @@ def parse_profile(text: str, file: str = "<profile>") -> Profile:
     if not text.strip():
         raise ProfileError([ProfileIssue(file, 1, 1, "(top level)", "the profile is empty")])
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
-        problem = " ".join(p for p in (exc.context, exc.problem) if p)
-        raise ProfileError(
-            [ProfileIssue(file, line, column, "(yaml)", f"YAML syntax error: {problem}")]
-        ) from None
-    except yaml.YAMLError as exc:
-        raise ProfileError([ProfileIssue(file, 1, 1, "(yaml)", f"YAML error: {exc}")]) from None
+        node = compose_yaml(text)
+    except InputFileError as exc:
+        raise ProfileError([ProfileIssue(file, exc.line, exc.column, "(yaml)", exc.reason)]) from None
     if node is None:
         raise ProfileError([ProfileIssue(file, 1, 1, "(top level)", "the profile is empty")])
     positions: Positions = {}
@@ -171,9 +170,11 @@ def _unique(issues: list[ProfileIssue]) -> list[ProfileIssue]:
 
 
 def load_profile(name_or_path: str) -> LoadedProfile:
+    """The profile at a path or of a bare name, read through `deploykit.input_files` (a regular file of
+    bounded size, YAML without aliases): no file can hang or crash the loader."""
     path = resolve_profile_path(name_or_path)
     try:
-        text = path.read_text()
+        text = read_text(path)
     except FileNotFoundError:
         where = ", ".join(str(d) for d in [user_profile_dir(), *shipped_profile_dirs()])
         raise ProfileError(
@@ -187,21 +188,9 @@ def load_profile(name_or_path: str) -> LoadedProfile:
                 )
             ]
         ) from None
-    except OSError as exc:
-        raise ProfileError(
-            [ProfileIssue(str(path), 1, 1, "(file)", f"cannot read: {exc.strerror}")]
-        ) from None
-    except UnicodeDecodeError as exc:
-        raise ProfileError(
-            [
-                ProfileIssue(
-                    str(path),
-                    1,
-                    1,
-                    "(file)",
-                    f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}): "
-                    "a profile is a YAML file saved as UTF-8",
-                )
-            ]
-        ) from None
+    except InputFileError as exc:
+        reason = exc.reason
+        if reason.startswith("not UTF-8"):
+            reason += ": a profile is a YAML file saved as UTF-8"
+        raise ProfileError([ProfileIssue(str(path), 1, 1, "(file)", reason)]) from None
     return LoadedProfile(profile=parse_profile(text, str(path)), path=path)

@@ -9,9 +9,9 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from deploykit import errors
 
@@ -33,8 +33,53 @@ class FixMode(StrEnum):
     OFF = "off"
 
 
+class AdvisoryMode(StrEnum):
+    """What a profile does with a known-bad combination (`deploykit advisories`) that applies to it."""
+
+    APPLY = "apply"
+    WARN = "warn"
+    IGNORE = "ignore"
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_stray_booleans(cls, value: Any, info: ValidationInfo) -> Any:
+        """YAML 1.1 reads unquoted on/off/yes/no/true/false as booleans, and pydantic would take True as
+        the number 1 (`max_model_len: true` → `--max-model-len 1`): a boolean only where one is meant."""
+        field = cls.model_fields.get(info.field_name or "")
+        if field is None:
+            return value
+        if isinstance(value, bool):
+            _refuse_stray_boolean(value, field.annotation)
+        elif isinstance(value, dict) and get_origin(field.annotation) is dict:
+            value_type = get_args(field.annotation)[1]
+            for key, item in value.items():
+                if isinstance(item, bool) and not _accepts(value_type, bool):
+                    raise ValueError(f"env var {key}: {_boolean_hint(item)}")
+        return value
+
+
+def _accepts(annotation: Any, kind: type) -> bool:
+    """Whether `annotation` (unions and Annotated unwrapped) names `kind` itself."""
+    if annotation is kind:
+        return True
+    return any(_accepts(arg, kind) for arg in get_args(annotation) if arg is not type(None))
+
+
+def _refuse_stray_boolean(value: bool, annotation: Any) -> None:
+    if _accepts(annotation, bool):
+        return
+    if _accepts(annotation, int) or _accepts(annotation, float):
+        raise ValueError(f"{str(value).lower()} is a boolean, not a number: write a number")
+    raise ValueError(_boolean_hint(value))
+
+
+def _boolean_hint(value: bool) -> str:
+    word, example = ("on/yes/true", "on") if value else ("off/no/false", "off")
+    return f'YAML reads unquoted {word} as the boolean {str(value).lower()}: quote it, e.g. "{example}"'
 
 
 class SecretRef(_Strict):
@@ -99,6 +144,11 @@ class ServeSettings(_Strict):
         "without it `serve` and `render` refuse such a profile",
     )
     extra_args: list[str] = Field(default_factory=list, description="further `vllm serve` flags, verbatim")
+    count_nan_logits: bool = Field(
+        default=True,
+        description="set VLLM_COMPUTE_NANS_IN_LOGITS=1: vLLM counts requests with NaN logits "
+        "(vllm:corrupted_requests), which the canary reads every few seconds",
+    )
 
 
 class Requires(_Strict):
@@ -154,6 +204,16 @@ class SmokeCase(_Strict):
     )
 
 
+class FingerprintSpec(_Strict):
+    """The probe set's answers compared with the baseline of the deployment's key (docs/fingerprints.md)."""
+
+    enabled: bool = True
+    top_k: Annotated[int, Field(ge=2, le=20)] = Field(default=5, description="logprobs kept per position")
+    logprob_tolerance: Annotated[float, Field(gt=0)] | None = Field(
+        default=None, description="null: derived from the dtype and the measured run-to-run noise"
+    )
+
+
 class SmokeSpec(_Strict):
     timeout_s: Annotated[float, Field(gt=0)] = 120.0
     cases: list[SmokeCase] | None = Field(default=None, description="null: derived from the profile")
@@ -164,6 +224,7 @@ class SmokeSpec(_Strict):
     logprob_tolerance: Annotated[float, Field(ge=0)] = Field(
         default=0.05, description="prefix_cache: how far the chosen tokens' logprobs may move on a cache hit"
     )
+    fingerprint: FingerprintSpec = Field(default_factory=FingerprintSpec)
 
 
 class DeploySpec(_Strict):
@@ -188,6 +249,9 @@ class Profile(_Strict):
     requires: Requires = Field(default_factory=Requires)
     workload: Workload = Field(default_factory=Workload)
     fixes: FixModes = Field(default_factory=FixModes)
+    advisories: dict[str, AdvisoryMode] = Field(
+        default_factory=dict, description="advisory id → apply, warn or ignore (default: the advisory's own)"
+    )
     smoke: SmokeSpec = Field(default_factory=SmokeSpec)
     deploy: DeploySpec = Field(default_factory=DeploySpec)
 
@@ -206,13 +270,31 @@ class Profile(_Strict):
         return env
 
     def profile_id(self) -> str:
-        """sha256 of the canonical form: one id names one exact configuration, whatever the formatting."""
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        """sha256 of the canonical form: one id names one exact configuration, whatever the formatting.
+        A field added after ids were first stored is left out while it holds its default, so a profile
+        that does not use it keeps the id its rows (and fingerprint baselines) were stored under."""
+        dumped = self.model_dump(mode="json")
+        for path, default in _LATER_FIELD_DEFAULTS.items():
+            *parents, last = path
+            section = dumped
+            for part in parents:
+                section = section[part]
+            if section[last] == default:
+                del section[last]
+        canonical = json.dumps(dumped, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
     @property
     def served_name(self) -> str:
         return self.model.served_name or self.name
+
+
+# Fields added since profile ids were first stored (see Profile.profile_id), with their defaults in JSON form.
+_LATER_FIELD_DEFAULTS: dict[tuple[str, ...], object] = {
+    ("advisories",): {},
+    ("serve", "count_nan_logits"): True,
+    ("smoke", "fingerprint"): FingerprintSpec().model_dump(mode="json"),
+}
 
 
 @dataclass(frozen=True)

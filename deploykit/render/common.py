@@ -6,7 +6,6 @@ never rebuilt. Nothing here imports torch or vLLM.
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,6 +13,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel
 
 from deploykit import errors
+from deploykit.files import OutFile, SetWritten, WriteRefused, write_set
 from deploykit.paths import packaged_data_dir, template_dir
 
 if TYPE_CHECKING:
@@ -34,6 +34,8 @@ class RenderedFile(BaseModel):
     path: str
     content: str | bytes
     mode: int = 0o644
+    keep: bool = False
+    """A file a person fills in (the secrets file): once it exists it is theirs, never overwritten."""
 
 
 class RenderResult(BaseModel):
@@ -104,27 +106,24 @@ def plain_env(plan: Plan) -> dict[str, str]:
     return {key: value for key, value in plan.env.items() if key not in plan.secret_env}
 
 
-def write_files(result: RenderResult, out_dir: Path) -> list[Path]:
-    """Write every file under `out_dir`. A file is created with its final mode (a secrets file is 0600
-    from its first byte, never briefly world-readable); an existing one is overwritten and re-moded."""
+def write_files(result: RenderResult, out_dir: Path, *, force: bool = False) -> SetWritten:
+    """Write the set under `out_dir` through `deploykit.files.write_set`: all files or none, never through
+    a link, a file a person changed kept unless `force`, a filled-in secrets file always kept."""
     if out_dir.exists() and not out_dir.is_dir():
         raise RenderError(f"--out {out_dir}: is a file, not a directory; give a directory to write into")
-    written = []
+    files = [
+        OutFile(
+            item.path,
+            item.content.encode() if isinstance(item.content, str) else item.content,
+            item.mode,
+            item.keep,
+        )
+        for item in result.files
+    ]
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        for item in result.files:
-            target = out_dir / item.path
-            target.parent.mkdir(parents=True, exist_ok=True)
-            _write_with_mode(target, item.content, item.mode)
-            written.append(target)
+        return write_set(out_dir, files, force=force)
+    except WriteRefused as exc:
+        raise RenderError(f"--out {out_dir}: {exc}") from None
     except OSError as exc:
         where = exc.filename or out_dir
         raise RenderError(f"--out {out_dir}: cannot write {where}: {exc.strerror}") from None
-    return written
-
-
-def _write_with_mode(target: Path, content: str | bytes, mode: int) -> None:
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "wb") as handle:
-        os.fchmod(handle.fileno(), mode)  # an existing file keeps its old mode through os.open
-        handle.write(content.encode() if isinstance(content, str) else content)

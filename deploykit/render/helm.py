@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from deploykit import net
+from deploykit.canary import defaults as canary_defaults
 from deploykit.render.common import (
     RenderedFile,
     RenderError,
@@ -44,9 +45,9 @@ PROBE_PERIOD_S = 10
 PLUGIN_PATH = "/opt/deploykit"
 # The chart's own copy of the plugin wheel, beside its templates (read by `.Files.Get`).
 CHART_FILES_DIR = "files"
-CANARY_PORT = 9400
-CANARY_EVERY_S = 60
-CANARY_MISS_LIMIT = 5
+CANARY_PORT = int(canary_defaults.LISTEN.rpartition(":")[2])
+CANARY_EVERY_S = int(canary_defaults.EVERY_S)
+CANARY_MISS_LIMIT = canary_defaults.MISS_LIMIT
 # A verdict file the canary has not rewritten for this long says nothing (a hung canary): several runs.
 VERDICT_MAX_AGE_S = 600
 # Kubernetes' default progress deadline (600 s) is shorter than a big model's load: the rollout may take
@@ -79,6 +80,12 @@ _BlockDumper.add_representer(str, _represent_str)
 def to_yaml(value: Any) -> str:
     text: str = yaml.dump(value, Dumper=_BlockDumper, sort_keys=False, default_flow_style=False, width=110)
     return text.rstrip("\n")
+
+
+def kubernetes_literal(word: str) -> str:
+    """`word` as Kubernetes must be given it in a container's command or env so the container sees it
+    unchanged: Kubernetes expands `$(NAME)` there and reduces `$$` to `$`, so every `$` is doubled."""
+    return word.replace("$", "$$")
 
 
 def split_image(reference: str) -> tuple[str, str | None]:
@@ -236,7 +243,7 @@ def chart_values(plan: Plan, loaded: LoadedProfile, wheel: PluginWheel) -> tuple
     cache_path = profile.deploy.cache_dir.rstrip("/")
     terms, affinity_warnings = gpu_node_terms(plan, loaded) if count else ([], [])
     env = {"HF_HOME": f"{cache_path}/huggingface", "VLLM_CACHE_ROOT": f"{cache_path}/vllm"}
-    env.update(plain_env(plan))
+    env.update({key: kubernetes_literal(value) for key, value in plain_env(plan).items()})
     resources: dict[str, Any] = {"requests": dict(VLLM_REQUESTS_GPU if count else VLLM_REQUESTS_CPU)}
     if count:
         resources["limits"] = {GPU_RESOURCE: count}
@@ -246,7 +253,7 @@ def chart_values(plan: Plan, loaded: LoadedProfile, wheel: PluginWheel) -> tuple
         "replicaCount": profile.deploy.replicas,
         "strategy": {"type": "Recreate"},
         "progressDeadlineSeconds": profile.deploy.startup_timeout_s + PROGRESS_MARGIN_S,
-        "command": list(plan.argv),
+        "command": [kubernetes_literal(word) for word in plan.argv],
         "env": env,
         "secretEnv": {key: key for key in plan.secret_env},
         "secretName": f"{name}-secrets",
@@ -301,6 +308,7 @@ def chart_values(plan: Plan, loaded: LoadedProfile, wheel: PluginWheel) -> tuple
             "profileId": loaded.id,
             "version": __version__,
             "vllmVersion": plan.vllm_version or "unknown",
+            "advisories": ",".join(f"{a.id}={a.outcome}" for a in plan.advisories),
         },
     }
     return values, [*warnings, *affinity_warnings]

@@ -29,9 +29,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-EXIT_CORRUPT = 3  # deploykit.serve.canary.EXIT_CORRUPT (render must not import serve)
-MAX_RESTARTS = 3
-WINDOW_S = 3600
+from deploykit.canary import defaults
+from deploykit.exit_codes import CORRUPT
+
+# The same restart budget as serve's in-process canary (constants only: no serve, no canary machinery).
+MAX_RESTARTS = defaults.MAX_RESTARTS_PER_HOUR
+WINDOW_S = int(defaults.RESTART_WINDOW_S)
 LEDGER_NAME = "corruption-restarts"
 STAGE_RESTART = "corruption:restart"
 STAGE_STOPPED = "corruption:stopped"
@@ -39,7 +42,7 @@ STAGE_STOPPED = "corruption:stopped"
 Record = Callable[[str, str, dict[str, float]], None]
 
 
-def corrupt_verdict(env: Mapping[str, str], code: int = EXIT_CORRUPT) -> bool:
+def corrupt_verdict(env: Mapping[str, str], code: int = CORRUPT) -> bool:
     return env.get("EXIT_CODE") == "exited" and env.get("EXIT_STATUS") == str(code)
 
 
@@ -142,7 +145,7 @@ def main(
 ) -> int:
     parser = argparse.ArgumentParser(prog="python -m deploykit.render.on_corruption", description=__doc__)
     parser.add_argument("--restart", metavar="UNIT", help="the server unit to restart")
-    parser.add_argument("--exit-status", type=int, default=EXIT_CORRUPT, help="the canary's corruption code")
+    parser.add_argument("--exit-status", type=int, default=CORRUPT, help="the canary's corruption code")
     parser.add_argument("--state-dir", type=Path, help=f"the service's state directory (holds {LEDGER_NAME})")
     parser.add_argument("--max-restarts", type=int, default=MAX_RESTARTS, help="restarts allowed per window")
     parser.add_argument("--window-s", type=float, default=WINDOW_S, help="the window, in seconds")

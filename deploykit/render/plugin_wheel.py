@@ -25,6 +25,7 @@ from pydantic import BaseModel
 
 from deploykit import DISTRIBUTION, __version__
 from deploykit.paths import PACKAGE_DIR, SHIPPED_DATA, shipped_data_dir
+from deploykit.plugin_contract import ENTRY_POINT
 from deploykit.render.common import RenderError
 
 WHEEL_TAG = "py3-none-any"
@@ -87,7 +88,7 @@ def _dist_info_files(version: str) -> list[tuple[str, bytes]]:
             "reinstall deploykit so both agree"
         )
     entry_points = installed.read_text("entry_points.txt") or ""
-    if "deploykit.plugin:register" not in entry_points:
+    if ENTRY_POINT not in entry_points:
         raise RenderError(
             f"{DISTRIBUTION}'s metadata lacks the vllm.general_plugins entry point; reinstall it"
         )

@@ -53,7 +53,7 @@ START_SLACK_S = 1.0
 MAX_VERDICT_BYTES = 64 * 1024
 MAX_REASON_CHARS = 400
 
-# The statuses `deploykit canary` writes (deploykit.serve.canary.Status: render must not import serve).
+# The statuses `deploykit canary` writes (deploykit.canary.state.Status: render must not import the canary).
 STATUSES = frozenset({"starting", "healthy", "corrupt", "unreachable"})
 # Which fresh statuses fail which probe. Liveness restarts the container: only corruption is worth that.
 # Readiness only stops routing: a server the canary cannot get answers from should get no traffic either.

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel
 
 from deploykit import net
+from deploykit.canary import defaults as canary_defaults
+from deploykit.plugin_contract import ENTRY_POINT, ENTRY_POINT_NAME
 from deploykit.render.common import (
     RenderedFile,
     RenderError,
@@ -35,13 +37,13 @@ START_TIMEOUT_MARGIN_S = 60
 # The canary unit: its interval and its /healthz, /livez and /metrics listener (loopback only), on a port
 # of its own per profile: the server's port + CANARY_PORT_OFFSET (8000 → 9400), so that profiles on distinct
 # server ports get distinct canary ports on one host.
-CANARY_EVERY_S = 60
+CANARY_EVERY_S = int(canary_defaults.EVERY_S)
 CANARY_HOST = "127.0.0.1"
 CANARY_PORT_OFFSET = 1400
 # Restart storms: at most this many corruption restarts of the server within the window; the next corruption
 # verdict stops it (deploykit/render/on_corruption.py).
-CORRUPTION_MAX_RESTARTS = 3
-CORRUPTION_WINDOW_S = 3600
+CORRUPTION_MAX_RESTARTS = canary_defaults.MAX_RESTARTS_PER_HOUR
+CORRUPTION_WINDOW_S = int(canary_defaults.RESTART_WINDOW_S)
 
 
 class SystemdOptions(BaseModel):
@@ -160,7 +162,7 @@ _ENTRY_POINT_PROBE = (
     "import json\nfrom importlib.metadata import entry_points\n"
     "print(json.dumps([[e.name, e.value] for e in entry_points(group='vllm.general_plugins')]))"
 )
-PLUGIN_ENTRY_POINT = ("deploykit", "deploykit.plugin:register")
+PLUGIN_ENTRY_POINT = (ENTRY_POINT_NAME, ENTRY_POINT)
 
 
 def check_prefix_sees_plugin(prefix: Path) -> None:
@@ -272,6 +274,12 @@ def render_systemd(plan: Plan, loaded: LoadedProfile, options: SystemdOptions) -
         "canary_exec": command_line(canary_argv),
         "on_corruption_exec": command_line(on_corruption),
         "canary_every_s": CANARY_EVERY_S,
+        # Known-bad combinations that apply (deploykit advisories); applied ones are in the argv/env below.
+        "advisories": [
+            f"{a.id} ({', '.join(r.split(' ', 1)[0] for r in a.references)}): {a.outcome}"
+            + (f": {a.change}" if a.change else "")
+            for a in plan.advisories
+        ],
         "canary_listen": listen,
         "corruption_max_restarts": CORRUPTION_MAX_RESTARTS,
         "corruption_window_s": CORRUPTION_WINDOW_S,
@@ -293,6 +301,7 @@ def render_systemd(plan: Plan, loaded: LoadedProfile, options: SystemdOptions) -
             path=f"{profile.name}.env.example",
             content=jinja.get_template("systemd/secrets.env.j2").render(context),
             mode=0o600,
+            keep=True,  # once filled in, it holds the secrets: never overwritten
         ),
         RenderedFile(
             path=f"{unit}.sysusers.conf",

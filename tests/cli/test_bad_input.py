@@ -4,9 +4,11 @@ each bad input is refused before a launch."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,17 @@ from tests.vllm_harness import REPO
 
 FACTS = REPO / "tests" / "fixtures" / "facts"
 UNWRITABLE = "/proc/deploykit-nowhere/results.sqlite"  # /proc takes no new directories, even for root
+SECRET = "S3cret"  # in store URLs below: never printed
+HANG_LIMIT_S = 5.0  # interpreter start included (~0.6 s here); the inputs below hung > 120 s before
+BASE_PROFILE = "name: hostile\nplatform: cpu\nmodel: {source: /m}\n"
+
+
+def billion_laughs(levels: int = 9) -> str:
+    lines = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for index in range(1, levels):
+        name, previous = chr(ord("a") + index), chr(ord("a") + index - 1)
+        lines.append(f"{name}: &{name} [{', '.join([f'*{previous}'] * 9)}]")
+    return "\n".join(lines) + "\n"
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +46,29 @@ def bad(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "no_psycopg": root / "no-psycopg",
         "store": root / "results.sqlite",
         "profiles": root / "profiles",
+        "bomb_profile": root / "bomb.yaml",
+        "deep_profile": root / "deep.yaml",
+        "fifo": root / "fifo.yaml",
+        "deep_facts": root / "deep.json",
+        "list_facts": root / "list.json",
+        "null_facts": root / "null.json",
+        "string_version_facts": root / "string-version.json",
+        "banana_facts": root / "banana.json",
+        "true_length_profile": root / "true-length.yaml",
+        "unquoted_off_profile": root / "unquoted-off.yaml",
     }
+    files["bomb_profile"].write_text(billion_laughs())
+    files["deep_profile"].write_text(BASE_PROFILE + "serve: " + "[" * 20_000 + "]" * 20_000 + "\n")
+    os.mkfifo(files["fifo"])
+    files["deep_facts"].write_text('{"schema_version": 1, "gpus": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    files["list_facts"].write_text("[]\n")
+    files["null_facts"].write_text("null\n")
+    files["string_version_facts"].write_text('{"schema_version": "1", "gpus": []}\n')
+    banana = json.loads((FACTS / "t4.json").read_text())
+    banana["gpus"][0]["compute_capability"] = "banana"
+    files["banana_facts"].write_text(json.dumps(banana))
+    files["true_length_profile"].write_text(BASE_PROFILE + "serve: {max_model_len: true}\n")
+    files["unquoted_off_profile"].write_text(BASE_PROFILE + "fixes: {matmul_lora: off}\n")
     files["binary_profile"].write_bytes(b"name: x\n\xff\xfe\x00\x81 binary\n")
     files["binary_facts"].write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\xff")
     files["future_facts"].write_text('{"schema_version": 99, "gpus": []}\n')
@@ -197,6 +232,108 @@ CASES: list[tuple[str, list[str], int, list[str]]] = [
         2,
         ["/nonexistent/profiles"],
     ),
+    # Issue 22, item 2: a store URL's password is never printed (the test checks SECRET for every case).
+    (
+        "store-password-in-query",
+        ["results", "list", "--store", f"postgresql://u@127.0.0.1:1/db?password={SECRET}"],
+        1,
+        ["postgresql://u@127.0.0.1:1/db?password=***"],
+    ),
+    (
+        "store-bad-port",
+        ["results", "list", "--store", f"postgresql://u:{SECRET}@127.0.0.1:notaport/db"],
+        1,
+        ["postgresql://u:***@127.0.0.1:notaport/db", "not a URL"],
+    ),
+    (
+        "store-raw-password",
+        ["results", "list", "--store", f"postgresql://u:{SECRET}@:/%x@127.0.0.1:1/db"],
+        1,
+        ["postgresql://u:***@127.0.0.1:1/db"],
+    ),
+    (
+        "smoke-url-password",
+        ["smoke", "--url", f"http://u:{SECRET}@127.0.0.1:99999", "--model", "m"],
+        2,
+        ["http://u:***@127.0.0.1:99999"],
+    ),
+    # Item 3: profiles and facts that hung or crashed the loader.
+    (
+        "profile-alias-bomb",
+        ["plan", "-p", "{bomb_profile}", "--no-validate"],
+        2,
+        ["{bomb_profile}:2:", "alias"],
+    ),
+    ("profile-20000-deep", ["plan", "-p", "{deep_profile}", "--no-validate"], 2, ["nested deeper than 64"]),
+    (
+        "profile-dev-zero",
+        ["plan", "-p", "/dev/zero", "--no-validate"],
+        2,
+        ["/dev/zero", "not a regular file"],
+    ),
+    ("profile-fifo", ["plan", "-p", "{fifo}", "--no-validate"], 2, ["{fifo}", "named pipe"]),
+    (
+        "facts-100000-deep",
+        ["plan", "-p", "demo-cpu", "--facts", "{deep_facts}", "--no-validate"],
+        2,
+        ["{deep_facts}", "nested deeper than 64"],
+    ),
+    (
+        "facts-fifo",
+        ["plan", "-p", "demo-cpu", "--facts", "{fifo}", "--no-validate"],
+        2,
+        ["{fifo}", "named pipe"],
+    ),
+    (
+        "facts-dev-zero",
+        ["plan", "-p", "demo-cpu", "--facts", "/dev/zero", "--no-validate"],
+        2,
+        ["/dev/zero", "not a regular file"],
+    ),
+    # Item 5: numbers that are not numbers.
+    ("results-limit-1e20", ["results", "list", "--limit", "1e20"], 2, ["--limit", "1e20"]),
+    ("results-limit-huge", ["results", "list", "--limit", "1" + "0" * 20], 2, ["--limit"]),
+    ("results-show-huge", ["results", "show", "1" + "0" * 20], 2, ["ID", "1" + "0" * 20]),
+    ("results-show-1e20", ["results", "show", "1e20"], 2, ["ID", "1e20"]),
+    (
+        "profile-max-model-len-true",
+        ["plan", "-p", "{true_length_profile}", "--no-validate"],
+        2,
+        ["serve.max_model_len", "true is a boolean, not a number"],
+    ),
+    (
+        "facts-compute-capability-banana",
+        ["plan", "-p", "demo-cpu", "--facts", "{banana_facts}", "--no-validate"],
+        2,
+        ["{banana_facts}", "compute_capability", "'banana'"],
+    ),
+    # Item 10: messages that say what is wrong; stores that would lose every row.
+    (
+        "profile-unquoted-off",
+        ["plan", "-p", "{unquoted_off_profile}", "--no-validate"],
+        2,
+        ["fixes.matmul_lora", "unquoted off/no/false", 'quote it, e.g. "off"'],
+    ),
+    (
+        "facts-a-list",
+        ["plan", "-p", "demo-cpu", "--facts", "{list_facts}", "--no-validate"],
+        2,
+        ["{list_facts}", "the top level is a list"],
+    ),
+    (
+        "facts-null",
+        ["plan", "-p", "demo-cpu", "--facts", "{null_facts}", "--no-validate"],
+        2,
+        ["{null_facts}", "the top level is null"],
+    ),
+    (
+        "facts-schema-version-string",
+        ["plan", "-p", "demo-cpu", "--facts", "{string_version_facts}", "--no-validate"],
+        2,
+        ["schema_version is the string '1'", "write the number 1"],
+    ),
+    ("store-in-memory", ["results", "list", "--store", "sqlite://"], 1, ["sqlite://", "in-memory"]),
+    ("store-empty", ["results", "list", "--store", ""], 1, ["--store ''", "names no store"]),
     # Mistakes on the command line itself, caught by Typer's parser before any command runs.
     ("unknown-option", ["plan", "--profle", "demo-cpu"], 2, ["--profle", "--profile", "plan --help"]),
     ("unknown-command", ["servе"], 2, ["servе", "deploykit --help"]),
@@ -226,9 +363,12 @@ def test_bad_input_is_one_clear_line(
     env = {**os.environ, "DEPLOYKIT_STORE": str(bad["store"]), "DEPLOYKIT_PROFILE_DIR": str(tmp_path)}
     if "postgresql://u@" in " ".join(argv):  # the missing-driver case: psycopg cannot be imported
         env["PYTHONPATH"] = os.pathsep.join([str(bad["no_psycopg"]), env.get("PYTHONPATH", str(REPO))])
+    started = time.monotonic()
     result = run(argv, env)
+    elapsed = time.monotonic() - started
     output = result.stdout + result.stderr
     assert result.returncode == code, output
+    assert elapsed < HANG_LIMIT_S or "store" in " ".join(argv), f"{elapsed:.1f} s"
     assert "Traceback" not in output, output
     # One line of deploykit's closes stderr (serve reports on stdout: its verdict and the stored row);
     # no usage banner or boxed message around it.
@@ -237,7 +377,7 @@ def test_bad_input_is_one_clear_line(
     assert not any(mark in output for mark in ("Usage:", "╭", "│")), output
     for text in named:
         assert text.format(**fill) in output, output
-    assert "pw@" not in output  # a store URL's password is never printed
+    assert "pw@" not in output and SECRET not in output  # a store URL's password is never printed
 
 
 def test_profiles_list_with_a_binary_profile_lists_it_as_invalid(bad: dict[str, Path]) -> None:
@@ -248,3 +388,50 @@ def test_profiles_list_with_a_binary_profile_lists_it_as_invalid(bad: dict[str, 
     result = run(["profiles", "list", "--dir", str(directory), "--facts", facts, "-f", "json"], env)
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
     assert "garbage" in result.stdout and "UTF-8" in result.stdout
+
+
+def test_profiles_list_with_hostile_profiles_lists_them_as_invalid_at_once(
+    bad: dict[str, Path], tmp_path: Path
+) -> None:
+    """Issue 22, item 3: `profiles list` reads every file it sees; a bomb, a deep file or a FIFO among
+    them is one invalid row each, and the command returns."""
+    (tmp_path / "bomb.yaml").write_text(billion_laughs())
+    (tmp_path / "deep.yaml").write_text(bad["deep_profile"].read_text())
+    os.mkfifo(tmp_path / "fifo.yaml")
+    env = {**os.environ, "DEPLOYKIT_STORE": str(bad["store"])}
+    facts = str(FACTS / "t4.json")
+    started = time.monotonic()
+    result = run(["profiles", "list", "--dir", str(tmp_path), "--facts", facts, "-f", "json"], env)
+    assert time.monotonic() - started < HANG_LIMIT_S
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    rows = {row["name"]: row for row in json.loads(result.stdout)}
+    assert {rows[name]["status"] for name in ("bomb", "deep", "fifo")} == {"invalid"}
+
+
+def test_vllm_plugins_leaving_deploykit_out_while_a_fix_is_on_is_a_warning(tmp_path: Path) -> None:
+    """Issue 22, item 10: VLLM_PLUGINS names the only plugins vLLM loads; without deploykit's the fix
+    would be silently absent."""
+    import yaml
+
+    shipped = yaml.safe_load((REPO / "profiles" / "demo-gemma4-fp16.yaml").read_text())  # fp32_projection on
+    profile = tmp_path / "plugins.yaml"
+    plan = ["plan", "-p", str(profile), "--facts", str(FACTS / "no-gpu.json"), "--no-validate"]
+    for plugins, warned in (("other", True), ("other,deploykit", False)):
+        profile.write_text(yaml.safe_dump({**shipped, "env": {**shipped["env"], "VLLM_PLUGINS": plugins}}))
+        result = run(plan, dict(os.environ))
+        assert result.returncode == 0, result.stderr
+        warning = f"VLLM_PLUGINS={plugins!r} leaves out deploykit's plugin"
+        assert (warning in result.stdout + result.stderr) is warned, result.stdout + result.stderr
+
+
+def test_the_shipped_profiles_name_no_path_relative_to_the_current_directory() -> None:
+    """Issue 22, item 10: a relative PYTHONPATH or model path imports whatever the directory deploykit
+    runs in holds."""
+    import yaml
+
+    for path in sorted((REPO / "profiles").glob("*.yaml")):
+        data = yaml.safe_load(path.read_text())
+        source = data["model"]["source"]
+        assert source.startswith(("/", "builtin:")) or ("/" in source and not source.startswith(".")), path
+        for entry in str((data.get("env") or {}).get("PYTHONPATH", "/")).split(":"):
+            assert entry.startswith("/"), (path, entry)

@@ -136,6 +136,20 @@ def test_profile_id_ignores_formatting_but_not_content() -> None:
     assert a.profile_id() != c.profile_id()
 
 
+def test_profile_id_is_stable_across_the_advisories_field() -> None:
+    """Rows stored before profiles could set advisories keep matching their profile's id."""
+    plain = parse_profile("name: x\nmodel: {source: /m}\n")
+    # computed at commit b7c9c34, before the `advisories` field existed
+    assert plain.profile_id() == "2efc86bdf336dd545e2f9f0814f70f1dd7aed96a1d05e47f3af99f9560f7625e"
+    base = "name: x\nmodel: {source: /m}\n"
+    for later in (
+        "advisories: {fp8-kv-deepseek-v3: ignore}\n",
+        "serve: {count_nan_logits: false}\n",
+        "smoke: {fingerprint: {top_k: 7}}\n",
+    ):  # a later field set away from its default is part of the id
+        assert parse_profile(base + later).profile_id() != plain.profile_id(), later
+
+
 def test_secret_reference_is_accepted() -> None:
     profile = parse_profile(MINIMAL + "env:\n  HF_TOKEN: {secret: MY_HF_TOKEN}\n  LOG_LEVEL: debug\n")
     assert profile.env["HF_TOKEN"] == SecretRef(secret="MY_HF_TOKEN")

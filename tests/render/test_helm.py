@@ -539,7 +539,8 @@ def test_python_loads_the_plugin_from_the_wheel_alone(charts: dict[str, Chart], 
     assert done.returncode == 0, done.stderr
     module_file, entry_points, version = json.loads(done.stdout)
     assert module_file.startswith(f"{wheel}/deploykit/")
-    assert entry_points == ["deploykit.plugin:register"] and version == chart.values["deploykit"]["version"]
+    assert entry_points == ["deploykit.vllm_plugin.entry:register"]
+    assert version == chart.values["deploykit"]["version"]
 
 
 def test_a_swapped_wheel_fails_the_chart(charts: dict[str, Chart], tmp_path: Path) -> None:

@@ -26,11 +26,12 @@ def test_the_wheel_holds_the_package_its_data_and_its_entry_point() -> None:
     with zipfile.ZipFile(io.BytesIO(build_plugin_wheel().data)) as archive:
         names = set(archive.namelist())
         info = f"vllm_deploykit-{__version__}.dist-info"
-        assert {"deploykit/__init__.py", "deploykit/plugin.py", "deploykit/render/pod_probe.py"} <= names
+        package = {"deploykit/__init__.py", "deploykit/vllm_plugin/entry.py", "deploykit/render/pod_probe.py"}
+        assert package <= names
         assert any(n.startswith("deploykit/_data/profiles/") for n in names)
         assert any(n.startswith("deploykit/_data/templates/helm/") for n in names)
         assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
-        assert "deploykit.plugin:register" in archive.read(f"{info}/entry_points.txt").decode()
+        assert "deploykit.vllm_plugin.entry:register" in archive.read(f"{info}/entry_points.txt").decode()
         assert f"Name: {DISTRIBUTION}" in archive.read(f"{info}/METADATA").decode()
         # RECORD lists every other member with its digest and size, as pip checks on install.
         record = archive.read(f"{info}/RECORD").decode().splitlines()
@@ -44,6 +45,7 @@ def test_the_wheel_holds_the_package_its_data_and_its_entry_point() -> None:
             assert (digest, size) == (f"sha256={expected}", str(len(data))), name
 
 
+@pytest.mark.wheel_build
 def test_pip_installs_the_wheel(tmp_path: Path) -> None:
     """The same bytes serve the `url` source and docker/Dockerfile.vllm: pip must accept them."""
     import subprocess
@@ -58,7 +60,7 @@ def test_pip_installs_the_wheel(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert (tmp_path / "t" / "deploykit" / "plugin.py").is_file()
+    assert (tmp_path / "t" / "deploykit" / "vllm_plugin" / "entry.py").is_file()
 
 
 def test_a_wheel_too_big_for_a_helm_release_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
