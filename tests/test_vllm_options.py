@@ -1,7 +1,9 @@
-"""The cached option table decides every argv as vLLM's live `vllm serve` parser does.
+"""The option tables decide every argv as vLLM's live `vllm serve` parser does, for the vLLM a plan targets.
 
-The live parser runs in this process (vLLM imported once for the module); the table is built from that
-same parser and round-tripped through JSON, exactly what the cache holds.
+The live parser runs in this process (vLLM imported once for the module). The table held to it is the one
+deploykit ships for the importable vLLM's release (deploykit/vllm_tables), and the shipped table must be
+what that parser describes today. tests/vllm_releases runs this module once per supported release (0.33
+from its wheel's sources), so every shipped table meets its own release's parser.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from deploykit.plan import make_plan
 from deploykit.probe.facts import ProbeFacts
 from deploykit.profile.load import load_profile
 from deploykit.vllm_args import TABLE_SCHEMA, ArgvRejected, validate_serve_argv, vllm_importable
+from deploykit.vllm_tables import SUPPORTED_VLLM_RELEASES, release_of, shipped_option_table
 
 REPO = Path(__file__).resolve().parents[1]
 FACTS_DIR = REPO / "tests" / "fixtures" / "facts"
@@ -70,6 +73,19 @@ CORPUS: list[tuple[list[str], str]] = [
     (["--enforce-eager=1"], "boolean flag with ="),
     (["--enable-prefix-caching", "--no-enable-prefix-caching"], "both forms"),
     (["--no-enable-lora"], "boolean --no- form of enable-lora"),
+    (["--enable-lora", "--disable-lora"], "0.33: --disable- form of an --enable- flag"),
+    (["--no-disable-lora"], "--no-disable- form of an --enable- flag"),
+    (["--disable-log-stats"], "a --disable- flag"),
+    (["--no-disable-log-stats"], "--no- form of a store_true --disable- flag"),
+    (["--no-disable-uvicorn-access-log"], "--no- form of a --disable- flag"),
+    (["--enable-uvicorn-access-log"], "0.33: --enable- form of a --disable- flag"),
+    (["--enable-lora=1"], "enable/disable flag with ="),
+    (["--disable-lora=1"], "enable/disable negative with ="),
+    (["--disable-prefix-caching"], "0.33: --disable- form"),
+    (["--no-enable-prefix-caching", "--enable-prefix-caching"], "last spelling wins"),
+    (["--enable-lor"], "abbreviation of an --enable- flag"),
+    (["--no-enable-lo"], "abbreviation of a hidden --no-enable- spelling"),
+    (["--reasoning-effort-map", '{"low": "low"}'], "0.33: new flag (post-parse check: live parser)"),
     (["--tensor-parallel-size", "2"], "long form"),
     (["-tp", "2"], "short form"),
     (["-tp", "two"], "short form, bad int"),
@@ -127,15 +143,61 @@ def table_verdict(table: dict[str, Any], argv: list[str]) -> str:
     return "accept"
 
 
-needs_vllm = pytest.mark.skipif(not vllm_importable(), reason="vLLM is not installed")
+def needs_vllm(test: Any) -> Any:
+    """vLLM's own parser: skipped without vLLM, and out of the fast tier (it imports vLLM)."""
+    skip = pytest.mark.skipif(not vllm_importable(), reason="vLLM is not installed")
+    return pytest.mark.vllm_import(skip(test))
 
 
 @pytest.fixture(scope="module")
 def table() -> Iterator[dict[str, Any]]:
+    """The shipped table of the importable vLLM's release (read from its parser when none is shipped)."""
     from deploykit.installed import installed_vllm_version
     from deploykit.vllm_args import option_table
 
-    yield json.loads(json.dumps(option_table(installed_vllm_version())))
+    version = installed_vllm_version()
+    yield shipped_option_table(version) or json.loads(json.dumps(option_table(version)))
+
+
+@needs_vllm
+def test_the_shipped_table_is_what_the_release_parser_describes() -> None:
+    """A stale table would check argvs against a parser that no longer exists: regenerate with
+    tools/vllm_tables.py when this fails."""
+    from deploykit.installed import installed_vllm_version
+    from deploykit.vllm_args import option_table
+
+    release = release_of(installed_vllm_version())
+    assert release is not None, f"vLLM {installed_vllm_version()} has no shipped table"
+    assert shipped_option_table(release) == json.loads(json.dumps(option_table(release)))
+
+
+@needs_vllm
+def test_every_spelling_of_every_boolean_flag_is_decided_as_vllm_does(table: dict[str, Any]) -> None:
+    """0.32's BooleanOptionalAction (`--x`, `--no-x`) and 0.33's EnableDisableAction (`--enable-x`,
+    `--disable-x`, `--no-enable-x`; `--no-disable-x` where the flag was declared as `--disable-x`)."""
+    from deploykit.vllm_args import _make_parser, _parser_module
+
+    live = _make_parser(_parser_module())
+    registered = {s for s, _ in live._option_string_actions.items()}
+    flags = vllm_options.known_serve_flags(table["vllm_version"])
+    boolean = [a for a in table["actions"] if a["kind"] in ("boolean_optional", "enable_disable")]
+    assert len(boolean) > 80
+    checked = 0
+    for entry in boolean:
+        spellings = set(entry["options"])
+        if entry["kind"] == "boolean_optional":
+            spellings |= {"--no-" + o[2:] for o in entry["options"] if o.startswith("--")}
+        assert spellings <= registered and spellings <= flags, entry["dest"]
+        for spelling in sorted(spellings):
+            argv = [*BASE, spelling]
+            if table_verdict(table, argv) == "live":  # vLLM's post-parse checks read this flag
+                assert entry["dest"] in table["post_parse_dests"], argv
+                continue
+            assert table_verdict(table, argv) == live_verdict(argv) == "accept", argv
+            checked += 1
+        for unknown in ("--no-no-" + entry["dest"].replace("_", "-"), "--enable-disable-" + entry["dest"]):
+            assert table_verdict(table, [*BASE, unknown]) == live_verdict([*BASE, unknown]), unknown
+    assert checked > 2 * len(boolean) - 10
 
 
 @needs_vllm
@@ -212,7 +274,7 @@ def fake_table(version: str = "0.32.0+cpu") -> dict[str, Any]:
 
 def test_the_table_is_built_once_per_vllm_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     builds: list[str] = []
-    version = {"now": "0.32.0+cpu"}
+    version = {"now": "0.31.0+cpu"}  # releases without a shipped table: the installed parser is read
     monkeypatch.setattr(vllm_options, "installed_vllm_version", lambda: version["now"])
 
     def build() -> dict[str, Any]:
@@ -223,25 +285,25 @@ def test_the_table_is_built_once_per_vllm_version(tmp_path: Path, monkeypatch: p
     argv = [*BASE, "--port", "8000"]
     assert vllm_options.check_serve_argv(argv, tmp_path).how == "cached option table"
     vllm_options.check_serve_argv(argv, tmp_path)
-    assert builds == ["0.32.0+cpu"]
-    version["now"] = "0.33.0"
+    assert builds == ["0.31.0+cpu"]
+    version["now"] = "0.34.0"
     vllm_options.check_serve_argv(argv, tmp_path)
     vllm_options.check_serve_argv(argv, tmp_path)
-    assert builds == ["0.32.0+cpu", "0.33.0"]
+    assert builds == ["0.31.0+cpu", "0.34.0"]
     assert {p.name for p in tmp_path.iterdir()} == {
-        f"vllm-serve-0.32.0+cpu.schema{TABLE_SCHEMA}.json",
-        f"vllm-serve-0.33.0.schema{TABLE_SCHEMA}.json",
+        f"vllm-serve-0.31.0+cpu.schema{TABLE_SCHEMA}.json",
+        f"vllm-serve-0.34.0.schema{TABLE_SCHEMA}.json",
     }
 
 
 def test_a_damaged_or_foreign_cache_file_is_rebuilt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(vllm_options, "installed_vllm_version", lambda: "0.32.0+cpu")
-    monkeypatch.setattr(vllm_options, "build_table", fake_table)
-    path = vllm_options.table_path("0.32.0+cpu", tmp_path)
+    monkeypatch.setattr(vllm_options, "installed_vllm_version", lambda: "0.31.0+cpu")
+    monkeypatch.setattr(vllm_options, "build_table", lambda: fake_table("0.31.0+cpu"))
+    path = vllm_options.table_path("0.31.0+cpu", tmp_path)
     path.write_text("{not json")
     vllm_options.check_serve_argv([*BASE], tmp_path)
-    assert json.loads(path.read_text())["vllm_version"] == "0.32.0+cpu"
-    path.write_text(json.dumps({**fake_table(), "schema": TABLE_SCHEMA - 1}))
+    assert json.loads(path.read_text())["vllm_version"] == "0.31.0+cpu"
+    path.write_text(json.dumps({**fake_table("0.31.0+cpu"), "schema": TABLE_SCHEMA - 1}))
     vllm_options.check_serve_argv([*BASE], tmp_path)
     assert json.loads(path.read_text())["schema"] == TABLE_SCHEMA
 
@@ -255,3 +317,140 @@ def test_without_vllm_the_check_says_so(monkeypatch: pytest.MonkeyPatch, tmp_pat
     monkeypatch.setattr(vllm_options, "installed_vllm_version", lambda: None)
     with pytest.raises(vllm_options.OptionTableUnavailable, match="not installed"):
         vllm_options.check_serve_argv([*BASE], tmp_path)
+
+
+# --- the table of the vLLM a plan targets -------------------------------------------------------------
+
+REASONING_MAP = ["--reasoning-effort-map", '{"low": "low"}']  # new in vLLM 0.33
+
+
+def no_live_parser(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(argv: Any) -> str:
+        raise AssertionError(f"the live parser was asked about {argv}")
+
+    monkeypatch.setattr(vllm_options, "check_live", refuse)
+    monkeypatch.setattr(vllm_options, "build_table", lambda: refuse("the table"))
+
+
+@pytest.mark.parametrize("installed", ["0.32.0+cpu", "0.33.0", None])
+def test_a_plan_is_checked_against_the_release_it_targets(
+    installed: str | None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Whatever is installed here (0.32, 0.33, nothing): 0.33's new flag passes for a 0.33 target and is
+    refused for a 0.32 target, from the shipped tables alone."""
+    monkeypatch.setattr(vllm_options, "installed_vllm_version", lambda: installed)
+    no_live_parser(monkeypatch)
+    if installed != "0.33.0":  # not installed: its post-parse check is named as not run
+        verdict = vllm_options.check_serve_argv([*BASE, *REASONING_MAP], tmp_path, vllm_version="0.33.0")
+        assert (
+            verdict.vllm_version == "0.33.0" and verdict.parser_module == "vllm.entrypoints.common.cli_args"
+        )
+        assert "not checked: vLLM checks reasoning_effort_map after parsing" in verdict.how
+    for target in ("0.32.0", "0.32.0+cpu"):
+        with pytest.raises(ArgvRejected, match="unrecognized arguments: --reasoning-effort-map"):
+            vllm_options.check_serve_argv([*BASE, *REASONING_MAP], tmp_path, vllm_version=target)
+    for spelling in ("--disable-lora", "--no-enable-lora", "--enforce-eager", "--no-enforce-eager"):
+        verdict = vllm_options.check_serve_argv([*BASE, spelling], tmp_path, vllm_version="0.33.0")
+        assert verdict.how == "shipped option table", spelling
+    with pytest.raises(ArgvRejected, match="--disable-lora"):
+        vllm_options.check_serve_argv([*BASE, "--disable-lora"], tmp_path, vllm_version="0.32.0")
+    assert list(tmp_path.iterdir()) == []  # nothing built, nothing cached
+
+
+def test_a_release_without_a_table_that_is_not_installed_is_not_checked(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(vllm_options, "installed_vllm_version", lambda: "0.32.0+cpu")
+    no_live_parser(monkeypatch)
+    with pytest.raises(
+        vllm_options.OptionTableUnavailable, match=r"no .* table for vLLM 0.34.0 .*0.32.0, 0.33.0"
+    ):
+        vllm_options.check_serve_argv([*BASE], tmp_path, vllm_version="0.34.0")
+
+
+def test_the_installed_release_without_a_table_uses_its_own_parser(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(vllm_options, "installed_vllm_version", lambda: "0.34.0")
+    monkeypatch.setattr(vllm_options, "build_table", lambda: fake_table("0.34.0"))
+    verdict = vllm_options.check_serve_argv([*BASE, "--port", "1"], tmp_path, vllm_version="0.34.0")
+    assert (verdict.vllm_version, verdict.how) == ("0.34.0", "cached option table")
+
+
+def test_known_flags_and_env_vars_per_release() -> None:
+    assert SUPPORTED_VLLM_RELEASES == ("0.32.0", "0.33.0")
+    new_in_033 = {"--reasoning-effort-map", "--disable-lora", "--enable-uvicorn-access-log"}
+    flags_033 = vllm_options.known_serve_flags("0.33.0")
+    flags_032 = vllm_options.known_serve_flags("0.32.0+cpu")
+    assert new_in_033 <= flags_033 and not new_in_033 & flags_032
+    both = {"--enable-lora", "--no-enable-lora", "--enforce-eager", "--no-enforce-eager", "--port", "-tp"}
+    assert both <= flags_032 & flags_033
+    assert "--no-port" not in flags_033
+    for release in SUPPORTED_VLLM_RELEASES:
+        names = vllm_options.known_env_vars(release)
+        assert {"VLLM_USE_V2_MODEL_RUNNER", "VLLM_TARGET_DEVICE", "VLLM_COMPUTE_NANS_IN_LOGITS"} <= names
+        assert len(names) > 250 and all(n.isupper() for n in names)
+    with pytest.raises(vllm_options.OptionTableUnavailable, match=r"0\.34\.0"):
+        vllm_options.known_serve_flags("0.34.0")
+    with pytest.raises(vllm_options.OptionTableUnavailable, match=r"0\.31\.0"):
+        vllm_options.known_env_vars("0.31.0")
+
+
+def test_checking_against_a_shipped_table_imports_no_vllm() -> None:
+    import subprocess
+    import sys
+    import time
+
+    code = (
+        "import sys, time\n"
+        "from deploykit.vllm_options import check_serve_argv\n"
+        "start = time.perf_counter()\n"
+        "for target in ('0.32.0', '0.33.0'):\n"
+        "    argv = ['vllm', 'serve', '/m', '--enable-lora', '--no-enforce-eager']\n"
+        "    check_serve_argv(argv, vllm_version=target)\n"
+        "heavy = [m for m in ('vllm', 'torch') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+        "print(time.perf_counter() - start)\n"
+    )
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert time.perf_counter() - started < 30  # seconds would mean a vLLM import somewhere
+
+
+def test_cli_plan_with_facts_of_a_033_host_validates_against_033(tmp_path: Path) -> None:
+    """Through the real command on this 0.32 machine: a 0.33-only flag passes for facts of a 0.33 host
+    and is refused for the same host running 0.32."""
+    import subprocess
+    import sys
+
+    profile = tmp_path / "effort.yaml"
+    profile.write_text(
+        "name: effort\nmodel: {source: /models/m}\n"
+        'serve:\n  extra_args: ["--reasoning-effort-map", \'{"low": "low"}\']\n'
+    )
+    results = {}
+    for version in ("0.33.0", "0.32.0"):
+        facts = ProbeFacts.model_validate_json((FACTS_DIR / "h100.json").read_text())
+        path = tmp_path / f"h100-{version}.json"
+        path.write_text(facts.model_copy(update={"vllm_version": version}).model_dump_json())
+        exe = Path(sys.executable).parent / "deploykit"
+        done = subprocess.run(
+            [str(exe), "plan", "-p", str(profile), "--facts", str(path), "-f", "json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        results[version] = (done.returncode, json.loads(done.stdout)["validation"] if done.stdout else None)
+    code, validation = results["0.33.0"]
+    assert code == 0 and validation["status"] == "ok"
+    # 0.33's shipped table; where 0.33 itself is the installed vLLM (the 0.33 tier), its live parser decides
+    # what the table cannot (vLLM checks this flag after parsing).
+    from deploykit.installed import installed_vllm_version
+
+    target_installed = release_of(installed_vllm_version()) == "0.33.0"
+    judged_by = "vLLM's live parser" if target_installed else "shipped option table"
+    assert f"vllm.entrypoints.common.cli_args (vLLM 0.33.0, {judged_by}" in validation["detail"]
+    code, validation = results["0.32.0"]
+    assert code != 0 and validation["status"] == "error"
+    assert "unrecognized arguments: --reasoning-effort-map" in validation["detail"]

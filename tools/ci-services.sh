@@ -80,3 +80,8 @@ bash "$(dirname "$0")/pod-runtime.sh" || echo "ci-services: tools/pod-runtime.sh
 # under a real systemd (tests/e2e/nspawn_runtime.py). Never fails this script: on a machine where nspawn
 # cannot run it says why, and those tests skip with that reason.
 bash "$(dirname "$0")/nspawn-root.sh" || echo "ci-services: tools/nspawn-root.sh exited $?; the systemd unit tests will skip"
+
+# The Python sources of every supported vLLM release without a CPU build (0.33: its PyPI wheel, ~336 MB,
+# sha256-pinned, cached under /var/cache/deploykit-ci/vllm-sources) for the tier tests/vllm_releases,
+# which fetches them itself when this could not (and fails under CI=true when it cannot either).
+bash "$(dirname "$0")/fetch-vllm-sources.sh" >/dev/null || echo "ci-services: tools/fetch-vllm-sources.sh exited $?"

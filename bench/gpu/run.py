@@ -8,7 +8,9 @@ is recorded in its JSON and the kit goes on. DIR gets one `<step>.json` per step
 `results.md`, and `probe-facts.json` (the probe's output, to commit as tests/fixtures/facts/h200-real.json).
 
 Steps: probe (deploykit probe vs the H200 fixture), matmul_lora (the fix vs a float64 reference, under
-torch.compile and a CUDA graph; punica's Triton ops on zero weights; timings), penalties (the processor vs
+torch.compile and a CUDA graph; punica's Triton ops on zero weights; timings; and stock punica of every
+carried vLLM release, 0.32 and 0.33, at the #48590 / #47869 shapes, each release in its own process, so the
+first GPU run answers whether 0.33's sm90 guard makes the fix unnecessary), penalties (the processor vs
 vLLM's apply_all_penalties over random batch updates; per-step time vs vLLM V1, the V2 kernel and one logits
 copy), fp32_projection (vLLM's Gemma4 Unified embedder in FP16: non-finite without the fix, finite with it).
 """
@@ -40,8 +42,12 @@ import carry  # noqa: E402
 FIXTURE = REPO / "tests" / "fixtures" / "facts" / "h200.json"
 STEPS = ("probe", "matmul_lora", "penalties", "fp32_projection")
 # Seconds per step on the device (the sum stays under 8 minutes with start-up); the dry run gets less.
-STEP_LIMIT_S = {"probe": 60, "matmul_lora": 150, "penalties": 130, "fp32_projection": 90}
-DRY_LIMIT_S = {"probe": 60, "matmul_lora": 150, "penalties": 150, "fp32_projection": 150}
+STEP_LIMIT_S = {"probe": 60, "matmul_lora": 220, "penalties": 130, "fp32_projection": 90}
+DRY_LIMIT_S = {"probe": 60, "matmul_lora": 270, "penalties": 150, "fp32_projection": 150}
+# Stock punica per vLLM release (matmul_lora step): 0.32 from `.gpu-carry/vllm`, each other release from
+# `.gpu-carry/releases/vllm-<release>.tar.xz` (`run.py --pack-release`; its .py sources, no compiled code).
+RELEASES_DIR = REPO / ".gpu-carry" / "releases"
+PUNICA_RELEASE_LIMIT_S = 70  # each; a vLLM import and 16 small Triton launches
 # Facts that must agree with the H200 fixture on any H200 (drivers, versions, UUIDs, memory free may not).
 STABLE_FACTS = ("name", "compute_capability", "arch", "bf16_native", "fp8_native", "is_hopper")
 SCHEMA = 1
@@ -506,7 +512,175 @@ def step_matmul_lora(step: Step, out: Path) -> None:
         return
     torch.backends.cuda.matmul.allow_tf32 = False
     step.part("punica_nan", lambda: punica_nan_check(step, device))
-    step.part("timings", lambda: lora_timings(step, device, budget_s=70))
+    step.part("timings", lambda: lora_timings(step, device, budget_s=50))
+
+
+def step_matmul_lora_releases(step: Step, out: Path) -> None:
+    """Stock punica of each carried vLLM release, each in its own process (one vLLM per process)."""
+    releases = carried_releases()
+    step.data["punica_releases"] = {}
+    for release in ("0.32.0", "0.33.0"):
+        if release not in releases:
+            step.skip(
+                f"punica_{release}_imports", f"vLLM {release}'s sources are not carried (--pack-release)"
+            )
+            continue
+        command = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--punica-release",
+            release,
+            "--out",
+            str(out),
+        ]
+        if step.dry_run:
+            command.append("--dry-run")
+        target = out / f"punica-{release}.json"
+        target.unlink(missing_ok=True)
+        try:
+            done = subprocess.run(
+                command, capture_output=True, text=True, timeout=PUNICA_RELEASE_LIMIT_S, cwd=REPO
+            )
+            tail = (done.stdout + done.stderr)[-1500:]
+        except subprocess.TimeoutExpired:
+            tail = f"timed out after {PUNICA_RELEASE_LIMIT_S} s"
+        if not target.exists():
+            step.errors[f"punica_{release}"] = tail
+            continue
+        record = json.loads(target.read_text())
+        step.data["punica_releases"][release] = record
+        step.check(f"punica_{release}_imports", record.get("imports"))
+        for name, reason in record.get("skipped", {}).items():
+            step.skip(f"punica_{release}_{name}", reason)
+        if record.get("error"):
+            step.errors[f"punica_{release}"] = record["error"]
+
+
+def carried_releases() -> dict[str, Path]:
+    """Release → its carried sources: a folder holding `vllm/` or a .tar.xz of one."""
+    found: dict[str, Path] = {}
+    version_file = carry.CARRY / "vllm-version.txt"
+    if (carry.CARRY / "vllm" / "__init__.py").exists() and version_file.exists():
+        found[version_file.read_text().strip().split("+")[0]] = carry.CARRY
+    for archive in sorted(RELEASES_DIR.glob("vllm-*.tar.xz")):
+        found[archive.name[len("vllm-") : -len(".tar.xz")]] = archive
+    return found
+
+
+def pack_release(release: str, sources: Path) -> Path:
+    """Here, not on the device: `sources/vllm` (an unpacked wheel, tools/fetch-vllm-sources.sh) → a small
+    .tar.xz of its .py files and the few JSON files modules read at import, with vllm-compiled.txt (the
+    compiled modules left behind, for carry.py's stand-ins) and vllm-version.txt."""
+    import io
+    import re
+    import tarfile
+
+    keep_models = re.compile(
+        r"^model_executor/models/(__init__|adapters|config|interfaces[^/]*|module_mapping|registry|utils)\.py$"
+    )
+    package = sources / "vllm"
+    RELEASES_DIR.mkdir(parents=True, exist_ok=True)
+    target = RELEASES_DIR / f"vllm-{release}.tar.xz"
+    compiled = sorted(
+        "vllm." + str(path.relative_to(package)).split(".")[0].replace("/", ".")
+        for path in package.rglob("*.so")
+    )
+    listed = (
+        (sources / "COMPILED-LEFT-OUT.txt").read_text().split()
+        if (sources / "COMPILED-LEFT-OUT.txt").exists()
+        else []
+    )
+    compiled += sorted(name[: name.index(".")].replace("/", ".") for name in listed)
+    with tarfile.open(target, "w:xz") as archive:
+        for path in sorted(package.rglob("*")):
+            relative = str(path.relative_to(package))
+            if not path.is_file() or relative.startswith("benchmarks/"):
+                continue
+            if relative.startswith("model_executor/models/") and not keep_models.match(relative):
+                continue
+            if path.suffix == ".py" or (path.suffix == ".json" and path.stat().st_size < 64 * 1024
+                                        and "/configs/" not in relative):  # fmt: skip
+                archive.add(path, arcname=f"vllm/{relative}")
+        for name, text in (
+            ("vllm-compiled.txt", "\n".join(compiled) + "\n"),
+            ("vllm-version.txt", release + "\n"),
+        ):
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return target
+
+
+def punica_release_main(release: str, out: Path, dry_run: bool) -> int:
+    """In its own process: import `release`'s punica Triton ops from its carried sources and, on a GPU, run
+    them at the upstream shapes (random adapters, mixed slots with -1, the float32 shrink buffer vLLM
+    allocates) against a float64 reference. Writes out/punica-<release>.json."""
+    import tarfile
+    import tempfile
+
+    record: dict[str, Any] = {"release": release, "imports": None, "skipped": {}, "cases": {}}
+    unpacked: Path | None = None
+    try:
+        source = carried_releases()[release]
+        if source.is_file():
+            unpacked = Path(tempfile.mkdtemp(prefix=f"vllm-{release}-"))
+            with tarfile.open(source) as archive:
+                archive.extractall(unpacked, filter="data")
+            source = unpacked
+        record["carry"] = carry.setup(simulate_bare=dry_run, carry=source)
+        from deploykit.fixes.matmul_lora import read_source_facts
+
+        record["source_facts"] = read_source_facts(source)
+        punica_ops()
+        record["imports"] = True
+        record["carry"].update(carry.report())
+        record["environment"] = environment()
+        import torch
+
+        if dry_run or not torch.cuda.is_available():
+            record["skipped"]["stock_at_upstream_shapes"] = "punica's Triton LoRA ops need CUDA"
+        else:
+            torch.backends.cuda.matmul.allow_tf32 = False
+            record["cases"] = punica_release_cases(torch.device("cuda"))
+            record["returns_nan"] = any(c.get("nan") for c in record["cases"].values())
+    except Exception as exc:
+        record["error"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}"
+    (out / f"punica-{release}.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+    if unpacked is not None:
+        import shutil
+
+        shutil.rmtree(unpacked, ignore_errors=True)
+    return 0
+
+
+def punica_release_cases(device: Any) -> dict[str, Any]:
+    import torch
+
+    cases: dict[str, Any] = {}
+    for name, shape in UPSTREAM_SHAPES.items():
+        for dtype_name in ("float16", "bfloat16"):
+            for zero in (False, True):
+                case = f"{name}_{dtype_name}_{'zero' if zero else 'random'}_weights"
+                try:
+                    loras = 4
+                    slots = mixed_slots(shape["tokens"], loras, seed=21)
+                    inp = lora_inputs(
+                        shape["tokens"], shape["in"], shape["slices"], shape["rank"], loras,
+                        getattr(torch, dtype_name), device, 5, zero=zero,
+                    )  # fmt: skip
+                    want = lora_reference64(inp, slots, 1.0, add_inputs=True)
+                    punica_add_lora_linear(inp, slots, loras, 1.0, torch.float32)()
+                    torch.cuda.synchronize()
+                    cases[case] = {
+                        "nan": int(torch.isnan(inp["y"]).sum()),
+                        "inf": int(torch.isinf(inp["y"]).sum()),
+                        "rel_error": rel_error(torch.nan_to_num(inp["y"]), want),
+                        "elements": inp["y"].numel(),
+                    }
+                except Exception as exc:
+                    cases[case] = {"error": f"{type(exc).__name__}: {exc}"[:400]}
+    return cases
 
 
 # --------------------------------------------------------------------------------------------------
@@ -859,6 +1033,8 @@ def run_one_step(name: str, out: Path, dry_run: bool) -> int:
         step.data["carry"] = carry.setup(simulate_bare=dry_run)
     step.data["environment"] = environment()
     step.part(name, lambda: STEP_FUNCTIONS[name](step, out))
+    if name == "matmul_lora":
+        step.part("punica_releases", lambda: step_matmul_lora_releases(step, out))
     if name != "probe":
         step.data["carry"].update(carry.report())
     record = step.record()
@@ -942,6 +1118,13 @@ def markdown(summary: dict[str, Any], records: list[dict[str, Any]]) -> str:
                       "|---|---:|---:|---:|"]  # fmt: skip
             for case, v in data["punica_zero_weights"].items():
                 lines.append(f"| {case} | {v['nan']} | {v['inf']} | {v['changed']} |")
+        for release, rec in (data.get("punica_releases") or {}).items():
+            guard = (rec.get("source_facts") or {}).get("lora_expand_sm90_single_stage")
+            lines += ["", f"## stock punica of vLLM {release} (sm90 single-stage guard: {guard})", "",
+                      "| case | NaN | Inf | rel. error vs float64 |", "|---|---:|---:|---:|"]  # fmt: skip
+            for case, v in (rec.get("cases") or {}).items():
+                cells = v.get("error") or f"{v['nan']} | {v['inf']} | {v['rel_error']:.3g}"
+                lines.append(f"| {case} | {cells} |")
         if data.get("penalties_timings"):
             lines += ["", "## device_penalties per step (V = 128256, L = 2048)", "",
                       "| batch | copy ms | ours ms | vLLM V1 ms | V2 kernel ms | ours / copy |",
@@ -966,14 +1149,28 @@ def markdown(summary: dict[str, Any], records: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="folder for the JSON results and results.md")
+    parser.add_argument("--out", type=Path, help="folder for the JSON results and results.md (required)")
     parser.add_argument("--dry-run", action="store_true", help="CPU only, small sizes; CUDA parts skipped")
     parser.add_argument("--only", action="append", choices=STEPS, help="run only these steps (repeatable)")
     parser.add_argument("--step", choices=STEPS, help=argparse.SUPPRESS)  # one step, in its own process
+    parser.add_argument("--punica-release", help=argparse.SUPPRESS)  # one release's punica, its own process
+    parser.add_argument(
+        "--pack-release",
+        nargs=2,
+        metavar=("RELEASE", "SOURCES"),
+        help="here: carry RELEASE's sources (SOURCES holds vllm/, e.g. from tools/fetch-vllm-sources.sh)",
+    )
     args = parser.parse_args(argv)
+    if args.pack_release:
+        print(pack_release(args.pack_release[0], Path(args.pack_release[1])))
+        return 0
+    if args.out is None:
+        parser.error("the following arguments are required: --out")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.step:
         return run_one_step(args.step, args.out, args.dry_run)
+    if args.punica_release:
+        return punica_release_main(args.punica_release, args.out, args.dry_run)
     limits = DRY_LIMIT_S if args.dry_run else STEP_LIMIT_S
     started = time.monotonic()
     records = []

@@ -1,6 +1,8 @@
 """Matmul LoRA fix: replace punica's Triton `add_lora_linear` with plain torch matmuls on Hopper.
 
 See docs/fixes/matmul-lora.md. Decision rule here is pure; torch and vLLM are imported in functions only.
+The rule is per vLLM release: facts read from each release's source (SOURCE_FACTS, below) are shipped with
+deploykit (deploykit/vllm_tables) and read from the installed vLLM's files for a release not shipped.
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ from deploykit.fixes.base import (
     decision_maker,
     upstream_guard,
 )
-from deploykit.installed import vllm_version_label
+from deploykit.installed import installed_vllm_version, vllm_version_label
 
 if TYPE_CHECKING:
     import torch
+
+    from deploykit.trace_records import HeaderLine, ModuleLine
 
 NAME = "matmul_lora"
 SUMMARY = "LoRA linear layers through torch.matmul instead of punica's Triton kernels (NaN on Hopper)"
@@ -38,7 +42,7 @@ PATCHES = "vllm.lora.punica_wrapper: PunicaWrapper*.add_lora_linear"
 # The Triton wrapper whose uninitialised shrink buffer the field report traced the NaN to.
 GPU_WRAPPER_MODULE = "vllm.lora.punica_wrapper.punica_gpu"
 GPU_WRAPPER_CLASS = "PunicaWrapperGPU"
-# What vLLM 0.32's wrappers accept (punica_base.PunicaWrapperABC.add_lora_linear).
+# What the wrappers of vLLM 0.32–0.33 accept (punica_base.PunicaWrapperABC.add_lora_linear).
 EXPECTED_POSITIONAL = ("self", "y", "x", "lora_a_stacked", "lora_b_stacked", "scale", "output_slices")
 EXPECTED_KEYWORD_ONLY = ("buffer",)
 # Keyword arguments vLLM's layers pass through **kwargs that our path honours; any other is refused.
@@ -62,19 +66,35 @@ def decide(inputs: DecisionInputs, mode: FixMode) -> FixDecision:
         )
     if mode is FixMode.ON:
         return result(Decision.ENABLED, "forced on by the profile")
+    facts = release_source_facts(inputs.vllm_version)
     if inputs.platform == "cpu":
+        if facts.get(CPU_OPS_MASK_NO_ADAPTER) is True:
+            return result(
+                Decision.NOT_NEEDED,
+                f"LoRA on vLLM {inputs.vllm_version}'s CPU build: its torch LoRA ops clamp the slot index "
+                f"and zero rows without an adapter ({CPU_OPS_FILE}), so slot -1 is no adapter there",
+            )
+        unknown = (
+            "" if CPU_OPS_MASK_NO_ADAPTER in facts else f" (vLLM {inputs.vllm_version}'s source unknown)"
+        )
         return result(
             Decision.ENABLED,
             "LoRA on vLLM's CPU build: its torch path reads slot -1 (no adapter) as the last adapter, "
-            "so base requests batched with adapter requests get that adapter",
+            f"so base requests batched with adapter requests get that adapter{unknown}",
         )
     hopper = [g for g in inputs.gpus if g.is_hopper]
     if hopper:
         gpu = hopper[0]
+        guard = ""
+        if facts.get(EXPAND_SM90_SINGLE_STAGE) is True:
+            guard = (
+                f"; vLLM {inputs.vllm_version}'s sm90 guard (lora_expand with NUM_STAGES = 1 for a ptxas "
+                "miscompile, triton-lang/triton#9433) may cure #52568, but no GPU run has shown it yet"
+            )
         return result(
             Decision.ENABLED,
             f"LoRA on {gpu.name} (CC {gpu.compute_capability}, Hopper): punica's Triton add_lora_linear "
-            "can return NaN there",
+            f"can return NaN there{guard}",
         )
     if not inputs.gpus:
         return result(Decision.NOT_NEEDED, "LoRA enabled, but no GPU facts say Hopper")
@@ -85,8 +105,133 @@ def decide(inputs: DecisionInputs, mode: FixMode) -> FixDecision:
     )
 
 
+LAUNCH_FLAGS: tuple[str, ...] = ()
+
+
 def launch_args(inputs: DecisionInputs) -> list[str]:
     return []
+
+
+# --------------------------------------------------------------------------------------------------
+# Facts read from a release's source (with `ast`, never imported) that the rule above needs. The shipped
+# file of each supported release records them (tools/vllm_tables.py calls read_source_facts);
+# tests/vllm_releases holds the record to each release's source.
+# --------------------------------------------------------------------------------------------------
+
+CPU_OPS_FILE = "vllm/lora/ops/torch_ops/lora_ops.py"
+EXPAND_OP_FILE = "vllm/lora/ops/triton_ops/lora_expand_op.py"
+CPU_OPS_MASK_NO_ADAPTER = "lora_cpu_ops_mask_no_adapter"
+EXPAND_SM90_SINGLE_STAGE = "lora_expand_sm90_single_stage"
+_CPU_OPS = ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice")
+
+
+def cpu_ops_mask_no_adapter(source: str) -> bool | None:
+    """Do the torch LoRA ops (the CPU build's punica path) treat slot -1 as "no adapter"? True when each
+    of bgmv_shrink/expand/expand_slice clamps the slot index before indexing the weight stack and masks the
+    rows without an adapter (0.33); False when one indexes with the raw ids (0.32: -1 reads the last
+    adapter). None when one of the functions is not in `source`."""
+    functions = {node.name: node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.FunctionDef)}
+    if any(name not in functions for name in _CPU_OPS):
+        return None
+    for name in _CPU_OPS:
+        called = {
+            call.func.attr
+            for call in ast.walk(functions[name])
+            if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+        }
+        if "clamp" not in called or not called & {"masked_fill", "where"}:
+            return False
+    return True
+
+
+def expand_sm90_single_stage(source: str) -> bool | None:
+    """Does lora_expand force one pipeline stage on compute capability 9.0 (vLLM 0.33's guard against
+    triton-lang/triton#9433)? None when `source` assigns no NUM_STAGES at all."""
+    tree = ast.parse(source)
+    if not any(
+        isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "NUM_STAGES" for t in node.targets)
+        for node in ast.walk(tree)
+    ):
+        return None
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.If) or "is_device_capability(90)" not in ast.unparse(node.test):
+            continue
+        for statement in ast.walk(node):
+            if (
+                isinstance(statement, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == "NUM_STAGES" for t in statement.targets)
+                and isinstance(statement.value, ast.Constant)
+                and statement.value.value == 1
+            ):
+                return True
+    return False
+
+
+SOURCE_FACTS: dict[str, tuple[str, Callable[[str], bool | None]]] = {
+    CPU_OPS_MASK_NO_ADAPTER: (CPU_OPS_FILE, cpu_ops_mask_no_adapter),
+    EXPAND_SM90_SINGLE_STAGE: (EXPAND_OP_FILE, expand_sm90_single_stage),
+}
+
+
+def read_source_facts(vllm_root: Path) -> dict[str, bool | None]:
+    """SOURCE_FACTS of the vLLM whose files are under `vllm_root` (the folder that holds `vllm/`)."""
+    facts: dict[str, bool | None] = {}
+    for name, (relative, detector) in SOURCE_FACTS.items():
+        try:
+            facts[name] = detector((vllm_root / relative).read_text(encoding="utf-8"))
+        except (OSError, SyntaxError):
+            facts[name] = None
+    return facts
+
+
+def release_source_facts(vllm_version: str | None) -> dict[str, bool | None]:
+    """SOURCE_FACTS of the vLLM a plan targets: the shipped record of its release, else (a release not
+    shipped, installed here) read from the installed files without importing them, else {} (unknown)."""
+    from deploykit.vllm_compat import same_release
+    from deploykit.vllm_tables import shipped_source_facts
+
+    shipped = shipped_source_facts(vllm_version)
+    if shipped is not None:
+        return {name: shipped.get(name) for name in SOURCE_FACTS}
+    installed = installed_vllm_version()
+    if not vllm_version or not installed or not same_release(vllm_version, installed):
+        return {}
+    spec = importlib.util.find_spec("vllm")  # a top-level package: located, not imported
+    if spec is None or not spec.submodule_search_locations:
+        return {}
+    return read_source_facts(Path(next(iter(spec.submodule_search_locations))).parent)
+
+
+def plan_warnings(inputs: DecisionInputs, decision: FixDecision) -> list[str]:
+    return []
+
+
+def trace_suggestion(
+    culprit: ModuleLine, header: HeaderLine | None, lines: Sequence[ModuleLine]
+) -> str | None:
+    """The culprit is a LoRA-wrapped layer: the delta punica adds is where the NaN comes from, the more
+    so when its base layer's own output (same step, same rank) was finite."""
+    if "LoRA" not in culprit.class_name:
+        return None
+    base = next(
+        (
+            ln
+            for ln in lines
+            if ln.module == f"{culprit.module}.base_layer"
+            and ln.step == culprit.step
+            and ln.rank == culprit.rank
+        ),
+        None,
+    )
+    base_note = ""
+    if base is not None and base.output_finite:
+        base_note = f" while its base layer {base.module} ({base.class_name}) returned finite values"
+    return (
+        f"{culprit.module} is a LoRA-wrapped layer ({culprit.class_name}); its output went non-finite from "
+        f"finite inputs{base_note}: the LoRA delta (punica's add_lora_linear) made the NaN. {NAME} "
+        "computes the delta with torch.matmul (vLLM #48590, #47869)."
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -180,7 +325,7 @@ def _resolve(qualname: str) -> type[Any]:
 
 
 def _shape_problems(cls: type[Any]) -> list[str]:
-    """What about the wrapper class differs from the shape this patch was written against (vLLM 0.32)."""
+    """What about the wrapper class differs from the shape this patch was written for (vLLM 0.32–0.33)."""
     from vllm.lora.punica_wrapper.punica_base import PunicaWrapperBase
 
     problems: list[str] = []

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.vllm_import  # the dry run imports vLLM from the carried sources (~30 s)
+
 REPO = Path(__file__).resolve().parents[2]
 STEPS = ("probe", "matmul_lora", "penalties", "fp32_projection")
 STEP_KEYS = {

@@ -1,0 +1,131 @@
+"""Each fix's target check and decision rule, the status route's install, and what deploykit ships about
+the release, against the vLLM this process imports.
+
+In the main run that is the installed CPU build (0.32); test_every_release.py runs this module again in a
+child whose `import vllm` gives another supported release's Python sources (0.33 from its PyPI wheel,
+over the CPU build's torch). Nothing here runs a compiled vLLM kernel.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deploykit.fixes import FIX_NAMES, load_fix, matmul_lora
+from deploykit.fixes.base import Decision, DecisionInputs, FixMode, TargetStatus
+from deploykit.installed import installed_vllm_version
+from deploykit.probe.facts import ProbeFacts
+from deploykit.vllm_tables import SUPPORTED_VLLM_RELEASES, shipped_release, shipped_source_facts
+from tests.vllm_releases.releases import REPO, importable_release, tables_tool, vllm_root
+
+pytestmark = [
+    pytest.mark.vllm_import,
+    pytest.mark.skipif(importable_release() is None, reason="no supported vLLM release is importable"),
+]
+
+# What each release's source says (read by hand from its files; the detectors must agree).
+EXPECTED: dict[str, dict[str, Any]] = {
+    "0.32.0": {
+        "parser_module": "vllm.entrypoints.launchers.cli_args",
+        matmul_lora.CPU_OPS_MASK_NO_ADAPTER: False,  # lora_ops.py indexes the stack with the raw ids
+        matmul_lora.EXPAND_SM90_SINGLE_STAGE: False,
+    },
+    "0.33.0": {
+        "parser_module": "vllm.entrypoints.common.cli_args",
+        matmul_lora.CPU_OPS_MASK_NO_ADAPTER: True,  # clamp(min=0) … masked_fill(no_lora_mask, 0)
+        matmul_lora.EXPAND_SM90_SINGLE_STAGE: True,  # NUM_STAGES = 1 on sm90 (triton-lang/triton#9433)
+    },
+}
+EXPECT_ENV = "DEPLOYKIT_EXPECT_VLLM_RELEASE"  # set by test_every_release.py for its child run
+
+
+def release() -> str:
+    found = importable_release()
+    assert found is not None
+    return found
+
+
+def test_the_importable_release_is_the_one_asked_for_and_supported() -> None:
+    assert release() in SUPPORTED_VLLM_RELEASES and set(EXPECTED) == set(SUPPORTED_VLLM_RELEASES)
+    if os.environ.get(EXPECT_ENV):
+        assert release() == os.environ[EXPECT_ENV], (
+            f"imported vLLM {installed_vllm_version()} from {vllm_root()}"
+        )
+        import vllm
+
+        assert Path(vllm.__file__).resolve().is_relative_to(vllm_root().resolve())
+
+
+def test_the_shipped_source_facts_are_this_releases() -> None:
+    facts = matmul_lora.read_source_facts(vllm_root())
+    expected = {k: v for k, v in EXPECTED[release()].items() if k in matmul_lora.SOURCE_FACTS}
+    assert facts == expected
+    assert shipped_source_facts(release()) == facts
+
+
+def test_the_shipped_env_vars_are_this_releases() -> None:
+    names = tables_tool().env_var_names((vllm_root() / "vllm" / "envs.py").read_text(encoding="utf-8"))
+    data = shipped_release(release())
+    assert data is not None and data["env_vars"] == names
+    assert data["option_table"]["parser_module"] == EXPECTED[release()]["parser_module"]
+
+
+def test_every_fix_target_is_applicable() -> None:
+    """fp32_projection's target imports transformers' Gemma4 Unified processor, which needs torchvision:
+    the tests' copy kept outside the venv is put on the path first (tests/e2e/gemma4_models.py)."""
+    from tests.e2e.gemma4_models import make_gemma4_unified_importable
+
+    make_gemma4_unified_importable()
+    checks = {name: load_fix(name).check_target() for name in FIX_NAMES}
+    assert {name: check.status for name, check in checks.items()} == dict.fromkeys(
+        FIX_NAMES, TargetStatus.APPLICABLE
+    ), {name: check.detail for name, check in checks.items()}
+
+
+def lora_inputs(gpu: str | None, platform: str) -> DecisionInputs:
+    gpus = []
+    if gpu is not None:
+        gpus = ProbeFacts.model_validate_json(
+            (REPO / "tests/fixtures/facts" / f"{gpu}.json").read_text()
+        ).gpus
+    return DecisionInputs(
+        gpus=gpus,
+        vllm_version=installed_vllm_version(),
+        checkpoint_dtype="bfloat16",
+        lora_enabled=True,
+        platform=platform,
+    )
+
+
+def test_matmul_lora_rule_on_the_cpu_build_and_on_hopper() -> None:
+    """On the CPU build the fix is on only where the release's torch ops read slot -1 as the last adapter;
+    on Hopper it stays on (#52568 is not proven fixed), naming 0.33's sm90 guard where it exists."""
+    expected = EXPECTED[release()]
+    cpu = matmul_lora.decide(lora_inputs(None, "cpu"), FixMode.AUTO)
+    masked = expected[matmul_lora.CPU_OPS_MASK_NO_ADAPTER]
+    assert cpu.decision is (Decision.NOT_NEEDED if masked else Decision.ENABLED), cpu.reason
+    assert ("clamp the slot index" in cpu.reason) is masked
+    hopper = matmul_lora.decide(lora_inputs("h100", "cuda"), FixMode.AUTO)
+    assert hopper.decision is Decision.ENABLED
+    assert ("NUM_STAGES = 1" in hopper.reason) is expected[matmul_lora.EXPAND_SM90_SINGLE_STAGE], (
+        hopper.reason
+    )
+    assert matmul_lora.decide(lora_inputs(None, "cpu"), FixMode.ON).decision is Decision.ENABLED
+
+
+def test_the_status_route_installs_into_this_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+    import vllm.plugins as vllm_plugins
+    from vllm.v1.worker.worker_base import WorkerWrapperBase
+
+    from deploykit.vllm_plugin import status_route
+
+    monkeypatch.setattr(vllm_plugins, "load_endpoint_plugins", vllm_plugins.load_endpoint_plugins)
+    monkeypatch.setattr(WorkerWrapperBase, status_route.RPC_METHOD, None, raising=False)
+    monkeypatch.delattr(WorkerWrapperBase, status_route.RPC_METHOD)
+    status_route.install(installed_vllm_version() or "?")
+    assert callable(getattr(WorkerWrapperBase, status_route.RPC_METHOD))
+    endpoints = vllm_plugins.load_endpoint_plugins(("generate",))
+    assert [e for e in endpoints if type(e).__name__ == "StatusEndpoint"]
