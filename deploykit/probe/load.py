@@ -25,30 +25,38 @@ def probe(
 
 def load_facts(path: str) -> ProbeFacts:
     """A saved `deploykit probe --save FILE`, so a deployment for another machine can be planned anywhere."""
-    import json
     from pathlib import Path
 
     from pydantic import ValidationError
 
+    from deploykit.input_files import InputFileError, parse_json, read_text
+
     file = Path(path)
+    way_out = "write one with `deploykit probe --save FILE` on the target"
     try:
-        text = file.read_text()
-    except OSError as exc:
-        raise ProbeError(f"{path}: cannot read the facts file: {exc.strerror}") from None
-    except UnicodeDecodeError as exc:
-        raise ProbeError(
-            f"{path}: not a deploykit probe file: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
-            f"offset {exc.start}); write one with `deploykit probe --save FILE` on the target"
-        ) from None
+        text = read_text(file)
+    except FileNotFoundError:
+        raise ProbeError(f"{path}: cannot read the facts file: no such file; {way_out}") from None
+    except InputFileError as exc:
+        raise ProbeError(f"{path}: not a deploykit probe file: {exc.reason}; {way_out}") from None
     try:
-        raw = json.loads(text)
-    except ValueError as exc:
+        raw = parse_json(text)
+    except InputFileError as exc:
+        raise ProbeError(f"{path}: not a deploykit probe file: {exc.reason}; {way_out}") from None
+    if not isinstance(raw, dict):
+        kinds = {list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
+        kind = kinds.get(type(raw), "a number")
         raise ProbeError(
-            f"{path}: not a deploykit probe file: not JSON ({exc}); write one with "
-            "`deploykit probe --save FILE` on the target"
-        ) from None
-    version = raw.get("schema_version") if isinstance(raw, dict) else None
-    if version != SCHEMA_VERSION:
+            f"{path}: not a deploykit probe file: the top level is {kind}, not an object with "
+            f"schema_version and gpus; {way_out}"
+        )
+    version = raw.get("schema_version")
+    if isinstance(version, str) and version.strip() == str(SCHEMA_VERSION):
+        raise ProbeError(
+            f"{path}: facts schema_version is the string {version!r}: write the number {SCHEMA_VERSION} "
+            "(no quotes), or save them again with `deploykit probe --save FILE`"
+        )
+    if version != SCHEMA_VERSION or isinstance(version, bool):
         raise ProbeError(
             f"{path}: facts schema_version {version!r} is not one this deploykit reads ({SCHEMA_VERSION}); "
             "save them again with `deploykit probe --save FILE` from this deploykit version"
@@ -58,6 +66,7 @@ def load_facts(path: str) -> ProbeFacts:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "(top level)"
-        raise ProbeError(f"{path}: not a deploykit probe file: {where}: {first['msg']}") from None
+        got = f" (got {str(first['input'])[:40]!r})" if first["type"] == "string_pattern_mismatch" else ""
+        raise ProbeError(f"{path}: not a deploykit probe file: {where}: {first['msg']}{got}") from None
     facts.source = str(file)
     return facts

@@ -40,6 +40,20 @@ _GPU_GONE_CODES = {
     16,  # RESET_REQUIRED
     18,  # LIB_RM_VERSION_MISMATCH
 }
+# nvml.h nvmlGpuP2PCapsIndex_t (pynvml's NVML_P2P_CAPS_INDEX_*): which peer-to-peer capability is asked.
+_P2P_READ, _P2P_WRITE, _P2P_NVLINK = 0, 1, 2
+# nvml.h nvmlGpuP2PStatus_t (pynvml's NVML_P2P_STATUS_*): what the driver answers for a pair of GPUs.
+P2P_STATUS_NAMES = {
+    0: "ok",
+    1: "chipset_not_supported",
+    2: "gpu_not_supported",
+    3: "ioh_topology_not_supported",  # e.g. GPUs behind different CPU sockets
+    4: "disabled_by_regkey",
+    5: "not_supported",
+    6: "unknown",
+}
+# nvml.h nvmlGpuTopologyLevel_t (pynvml's NVML_TOPOLOGY_*): the closest common ancestor of two GPUs.
+TOPOLOGY_NAMES = {0: "internal", 10: "single", 20: "multiple", 30: "hostbridge", 40: "node", 50: "system"}
 # Facts a plan cannot do without: a GPU that did not give them makes the whole probe an error.
 _REQUIRED = {
     "nvmlDeviceGetCudaComputeCapability": "compute capability",
@@ -93,6 +107,7 @@ class _GpuReader:
         self.index = index
         self.errors: list[str] = []
         self.problem: str | None = None  # why this GPU makes the probe fail, if it does
+        self.gone = False
         self.handle = nvml.nvmlDeviceGetHandleByIndex(index)
 
     def call(self, name: str, *, optional: bool = False) -> Any:
@@ -106,6 +121,7 @@ class _GpuReader:
             error = f"{name}: {_describe(exc)}"
             self.errors.append(error)
             if code in _GPU_GONE_CODES:
+                self.gone = True
                 self.problem = f"GPU {self.index} stopped answering: {error}"
                 raise _GpuGone from exc
             if name in _REQUIRED and self.problem is None:
@@ -176,6 +192,7 @@ def read_probe_document(
         "vllm_version": installed_vllm_version(package_version),
         "torch_version": package_version("torch"),
         "gpus": gpus,
+        "gpu_links": [],
         "error": None,
         "source": "nvml",
     }
@@ -204,6 +221,7 @@ def read_probe_document(
             document["error"] = f"NVML could not count GPUs: {_describe(exc)}"
             return document
         problems: list[str] = []
+        readers: list[_GpuReader] = []
         for index in range(count):
             try:
                 reader = _GpuReader(nvml, index)
@@ -211,8 +229,10 @@ def read_probe_document(
                 problems.append(f"GPU {index} could not be opened: {_describe(exc)}")
                 continue
             gpus.append(reader.read())
+            readers.append(reader)
             if reader.problem:
                 problems.append(reader.problem)
+        document["gpu_links"] = read_gpu_links(nvml, [r for r in readers if not r.gone])
         if count == 0:
             document["error"] = "NVML found no NVIDIA GPU on this machine"
         elif problems:
@@ -221,6 +241,45 @@ def read_probe_document(
         with contextlib.suppress(nvml.NVMLError):
             nvml.nvmlShutdown()
     return document
+
+
+def read_gpu_links(nvml: Any, readers: list[_GpuReader]) -> list[dict[str, Any]]:
+    """Peer-to-peer reach between every pair of GPUs, as the driver reports it (nvmlDeviceGetP2PStatus for
+    read, write and NVLink; nvmlDeviceGetTopologyCommonAncestor). vLLM's custom all-reduce trusts the same
+    driver answers (VLLM_SKIP_P2P_CHECK defaults to 1), so advisories about it read these. A failed query is
+    recorded in the pair's `errors`, never fatal: the GPUs themselves were probed already."""
+    links: list[dict[str, Any]] = []
+    for position, first in enumerate(readers):
+        for second in readers[position + 1 :]:
+            links.append(_read_link(nvml, first, second))
+    return links
+
+
+def _read_link(nvml: Any, first: _GpuReader, second: _GpuReader) -> dict[str, Any]:
+    errors: list[str] = []
+
+    def ask(name: str, *args: Any) -> Any:
+        try:
+            return getattr(nvml, name)(first.handle, second.handle, *args)
+        except nvml.NVMLError as exc:
+            if getattr(exc, "value", None) not in (_NOT_SUPPORTED, _FUNCTION_NOT_FOUND):
+                errors.append(f"{name}: {_describe(exc)}")
+            return None
+
+    def status(caps: int) -> str:
+        answer = ask("nvmlDeviceGetP2PStatus", caps)
+        return "unknown" if answer is None else P2P_STATUS_NAMES.get(int(answer), "unknown")
+
+    read, write, nvlink = status(_P2P_READ), status(_P2P_WRITE), status(_P2P_NVLINK)
+    level = ask("nvmlDeviceGetTopologyCommonAncestor")
+    return {
+        "gpus": [first.index, second.index],
+        "p2p_read": read,
+        "p2p_write": write,
+        "nvlink": nvlink,
+        "topology": None if level is None else TOPOLOGY_NAMES.get(int(level), "unknown"),
+        "errors": errors,
+    }
 
 
 def document_json(document: dict[str, Any]) -> str:

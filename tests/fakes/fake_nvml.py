@@ -19,6 +19,8 @@ from typing import Any, Literal
 import pynvml
 
 GPU_FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "gpus"
+# Hosts with several GPUs of one model and how they reach each other (NVLink, PCIe P2P).
+HOST_FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "hosts"
 
 MigSupport = Literal["not_supported", "disabled", "enabled"]
 
@@ -40,6 +42,8 @@ READ_ONLY_CALLS = frozenset(
         "nvmlDeviceGetArchitecture",
         "nvmlDeviceGetMemoryInfo",
         "nvmlDeviceGetMigMode",
+        "nvmlDeviceGetP2PStatus",
+        "nvmlDeviceGetTopologyCommonAncestor",
     }
 )
 
@@ -51,6 +55,7 @@ CONTRACT_KEYS = {
     "vllm_version",
     "torch_version",
     "gpus",
+    "gpu_links",
     "error",
 }
 
@@ -80,6 +85,44 @@ class GpuFixture:
     cuda_driver_version: int
     expected: dict[str, Any]
     source: dict[str, str]
+
+
+@dataclass(frozen=True)
+class FakeLink:
+    """What the driver answers for every pair of GPUs in a host: nvmlGpuP2PStatus_t codes for read, write
+    and NVLink, and the nvmlGpuTopologyLevel_t of their common ancestor (None: the query is not supported)."""
+
+    p2p_read: int
+    p2p_write: int
+    nvlink: int
+    topology: int | None
+
+
+@dataclass(frozen=True)
+class HostFixture:
+    """A tests/fixtures/hosts/*.json file: `count` GPUs of one GPU fixture, their link, and its sources."""
+
+    key: str
+    gpu: str
+    count: int
+    link: FakeLink
+    source: dict[str, str]
+
+
+def host_fixture_keys() -> list[str]:
+    return sorted(path.stem for path in HOST_FIXTURES.glob("*.json"))
+
+
+def load_host_fixture(key: str) -> HostFixture:
+    data = json.loads((HOST_FIXTURES / f"{key}.json").read_text())
+    link = data["link"]
+    return HostFixture(
+        key=key,
+        gpu=data["gpu"],
+        count=data["count"],
+        link=FakeLink(link["p2p_read"], link["p2p_write"], link["nvlink"], link["topology"]),
+        source=data["source"],
+    )
 
 
 @dataclass(frozen=True)
@@ -152,11 +195,16 @@ class FakeNvml:
     missing_functions: frozenset[str] = frozenset()
     failures: dict[tuple[str, int | None], int] = field(default_factory=dict)
     lost: dict[int, str] = field(default_factory=dict)
+    link: FakeLink | None = None  # None: the driver answers NOT_SUPPORTED for every pair query
     calls: list[tuple[str, tuple[Any, ...]]] = field(default_factory=list)
     initialized: int = 0
     _lost_now: set[int] = field(default_factory=set)
 
     NVMLError = pynvml.NVMLError
+
+    @classmethod
+    def from_host(cls, host: HostFixture, **kwargs: Any) -> FakeNvml:
+        return cls.from_fixture(load_gpu_fixture(host.gpu), count=host.count, link=host.link, **kwargs)
 
     @classmethod
     def from_fixture(cls, fixture: GpuFixture, count: int = 1, **kwargs: Any) -> FakeNvml:
@@ -277,3 +325,26 @@ class FakeNvml:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         mode = pynvml.NVML_DEVICE_MIG_ENABLE if gpu.mig == "enabled" else pynvml.NVML_DEVICE_MIG_DISABLE
         return [mode, mode]
+
+    # -- pairs of devices -------------------------------------------------------------------
+
+    def _pair(self, name: str, first: Any, second: Any) -> FakeLink:
+        self._gpu(name, first)
+        self._gpu(name, second)
+        if self.link is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return self.link
+
+    def nvmlDeviceGetP2PStatus(self, first: Any, second: Any, caps_index: int) -> int:
+        link = self._pair("nvmlDeviceGetP2PStatus", first, second)
+        # nvml.h nvmlGpuP2PCapsIndex_t: READ 0, WRITE 1, NVLINK 2 (pynvml spells READ as the tuple `(0,)`).
+        answers = {0: link.p2p_read, 1: link.p2p_write, 2: link.nvlink}
+        if caps_index not in answers:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return answers[caps_index]
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, first: Any, second: Any) -> int:
+        link = self._pair("nvmlDeviceGetTopologyCommonAncestor", first, second)
+        if link.topology is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return link.topology

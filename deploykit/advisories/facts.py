@@ -1,0 +1,196 @@
+"""The facts advisories are matched on: the machine's (probe), the model's (config.json or the profile),
+and the serving features, read from the argv and environment the plan builds (never declared twice).
+
+A fact that is None is unknown (a hub model's config, facts saved before links were probed, no profile
+given): a condition on it is neither met nor failed, and `deploykit advisories` says which fact it lacks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from deploykit.advisories import argv as argv_reader
+from deploykit.probe.facts import GpuFacts, GpuLink, ProbeFacts
+from deploykit.vllm_compat import parse_version
+
+# vLLM's --dtype spellings → one name each.
+_DTYPE_NAMES = {
+    "half": "float16",
+    "float16": "float16",
+    "bfloat16": "bfloat16",
+    "float": "float32",
+    "float32": "float32",
+}
+# vLLM's release notes for 0.11.0: "turns on FULL_AND_PIECEWISE as the CUDA graph mode default".
+FULL_AND_PIECEWISE_DEFAULT_SINCE = (0, 11, 0)
+# vllm/engine/arg_utils.py (0.32) get_batch_defaults, OPENAI_API_SERVER on CUDA: 1024 sequences on GPUs of
+# at least 160 GiB, or of at least 70 GiB that are not an A100; 256 otherwise.
+_GIB_MIB = 1024
+
+
+class DeploymentFacts(BaseModel):
+    """Everything an advisory condition may look at; pure data so matching is a pure function."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    vllm_version: str | None = None
+    platform: str | None = None
+    gpus: list[GpuFacts] = Field(default_factory=list, description="the GPUs the deployment uses")
+    gpu_links: list[GpuLink] | None = None
+    architectures: list[str] | None = None
+    checkpoint_dtype: str | None = None
+    dtype: str | None = None
+    quantization: str | None = None
+    kv_cache_dtype: str | None = None
+    attention_backend: str | None = None
+    cudagraph_mode: str | None = None
+    tensor_parallel: int | None = None
+    lora: bool | None = None
+    speculative_decoding: bool | None = None
+    prefix_caching: bool | None = None
+    penalties: bool | None = None
+    model_runner: str | None = None
+    max_num_seqs: int | None = None
+    vocab_size: int | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def penalty_table_mib(self) -> int | None:
+        """The V2 model runner's penalty state per GPU: int32[max_num_seqs, vocab] bin counts plus an
+        int32[max_num_seqs, ceil(vocab/32)] bitmask (vllm/v1/worker/gpu/sample/penalties.py, 0.32)."""
+        if self.max_num_seqs is None or self.vocab_size is None:
+            return None
+        words = self.max_num_seqs * (self.vocab_size + -(-self.vocab_size // 32))
+        return (4 * words) // (1024 * 1024)
+
+
+def machine_facts(
+    facts: ProbeFacts, *, vllm_version: str | None, platform: str, gpu_count: int
+) -> DeploymentFacts:
+    """Only what the probe knows: for `deploykit advisories --facts F` without a profile."""
+    used = facts.gpus[: max(gpu_count, 1)]
+    return DeploymentFacts(
+        vllm_version=vllm_version,
+        platform=platform,
+        gpus=used,
+        gpu_links=_links_between(facts.gpu_links, used),
+    )
+
+
+def deployment_facts(
+    facts: ProbeFacts,
+    *,
+    argv: list[str],
+    env: dict[str, str],
+    vllm_version: str | None,
+    platform: str,
+    gpu_count: int,
+    architectures: list[str],
+    checkpoint_dtype: str | None,
+    model_config: dict[str, Any],
+    penalties: bool,
+    model_runner: str,
+) -> DeploymentFacts:
+    """The facts of one planned deployment; serving features come from its argv and env."""
+    tensor_parallel = int(
+        argv_reader.flag_value(argv, "--tensor-parallel-size") or argv_reader.flag_value(argv, "-tp") or 1
+    )
+    used = facts.gpus[: max(gpu_count, tensor_parallel, 1)]
+    bf16 = all(gpu.bf16_native for gpu in used) if used else None
+    eager = bool(argv_reader.flag_switch(argv, "--enforce-eager"))
+    compilation = argv_reader.json_option(argv, "--compilation-config")
+    backend = (
+        argv_reader.flag_value(argv, "--attention-backend") or env.get("VLLM_ATTENTION_BACKEND") or "auto"
+    )
+    max_num_seqs = argv_reader.flag_value(argv, "--max-num-seqs")
+    return DeploymentFacts(
+        vllm_version=vllm_version,
+        platform=platform,
+        gpus=used,
+        gpu_links=_links_between(facts.gpu_links, used),
+        architectures=architectures or None,
+        checkpoint_dtype=checkpoint_dtype,
+        dtype=_effective_dtype(argv_reader.flag_value(argv, "--dtype"), checkpoint_dtype, bf16),
+        quantization=_quantization(argv, model_config),
+        kv_cache_dtype=(argv_reader.flag_value(argv, "--kv-cache-dtype") or "auto").lower(),
+        attention_backend=backend if backend == "auto" else backend.upper(),
+        cudagraph_mode=_cudagraph_mode(eager, compilation, vllm_version),
+        tensor_parallel=tensor_parallel,
+        lora=bool(argv_reader.flag_switch(argv, "--enable-lora")),
+        speculative_decoding=argv_reader.flag_value(argv, "--speculative-config") is not None,
+        prefix_caching=argv_reader.flag_switch(argv, "--enable-prefix-caching") is not False,
+        penalties=penalties,
+        model_runner=model_runner,
+        max_num_seqs=int(max_num_seqs) if max_num_seqs else _default_max_num_seqs(used, platform),
+        vocab_size=_vocab_size(model_config),
+        env=dict(env),
+    )
+
+
+def _links_between(links: list[GpuLink] | None, used: list[GpuFacts]) -> list[GpuLink] | None:
+    if links is None:
+        return None
+    indexes = {gpu.index for gpu in used}
+    return [link for link in links if set(link.gpus) <= indexes]
+
+
+def _effective_dtype(flag: str | None, checkpoint: str | None, bf16_native: bool | None) -> str | None:
+    """The dtype vLLM computes in: `--dtype` when set, else what `auto` resolves to (vllm/config/model.py
+    _resolve_auto_dtype: the checkpoint's dtype when the GPU supports it, float32 downcast to the platform's
+    first choice, BF16 falling back to FP16 on GPUs without native BF16)."""
+    if flag and flag != "auto":
+        return _DTYPE_NAMES.get(flag, flag)
+    if checkpoint is None or bf16_native is None:
+        return None
+    preferred = "bfloat16" if bf16_native else "float16"
+    if checkpoint == "float32":
+        return preferred
+    if checkpoint == "bfloat16" and not bf16_native:
+        return "float16"
+    return _DTYPE_NAMES.get(checkpoint, checkpoint)
+
+
+def _quantization(argv: list[str], config: dict[str, Any]) -> str | None:
+    """`--quantization` (or `-q`) when set, else the checkpoint's quantization_config (local models only).
+    NVFP4 is named `nvfp4` however the checkpoint spells it (modelopt_fp4, compressed-tensors' format)."""
+    named = argv_reader.flag_value(argv, "--quantization") or argv_reader.flag_value(argv, "-q")
+    if named:
+        return "nvfp4" if named.lower() == "modelopt_fp4" else named.lower()
+    quant = config.get("quantization_config")
+    if not isinstance(quant, dict):
+        return "none" if config else None
+    method = str(quant.get("quant_method", "")).lower()
+    algo = str(quant.get("quant_algo", "")).lower()
+    if method == "modelopt_fp4" or algo == "nvfp4" or "nvfp4" in str(quant.get("format", "")).lower():
+        return "nvfp4"
+    return method or None
+
+
+def _cudagraph_mode(eager: bool, compilation: dict[str, Any], vllm_version: str | None) -> str:
+    if eager:
+        return "NONE"
+    mode = compilation.get("cudagraph_mode")
+    if isinstance(mode, str):
+        return mode.upper()
+    parsed = parse_version(vllm_version)
+    if parsed is not None and parsed < FULL_AND_PIECEWISE_DEFAULT_SINCE:
+        return "PIECEWISE"
+    return "FULL_AND_PIECEWISE"
+
+
+def _default_max_num_seqs(gpus: list[GpuFacts], platform: str) -> int | None:
+    if platform != "cuda" or not gpus or gpus[0].memory_total_mib is None:
+        return None
+    mib = gpus[0].memory_total_mib
+    if mib >= 160 * _GIB_MIB or (mib >= 70 * _GIB_MIB and "a100" not in gpus[0].name.lower()):
+        return 1024
+    return 256
+
+
+def _vocab_size(config: dict[str, Any]) -> int | None:
+    for source in (config, config.get("text_config")):
+        if isinstance(source, dict) and isinstance(source.get("vocab_size"), int):
+            return int(source["vocab_size"])
+    return None

@@ -1,0 +1,296 @@
+"""Every advisory: a facts + profile pair that triggers it, with the exact plan change (argv/env diff) or
+warning, and a pair one condition away that does not.
+
+The diff is taken against the same plan with the advisory set to `ignore`, so it is the advisory's own
+change and nothing else."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from deploykit.advisories import advisories
+from deploykit.plan import Plan
+from tests.advisories.conftest import PlanFor
+
+LLAMA_VOCAB = {"architectures": ["LlamaForCausalLM"], "torch_dtype": "bfloat16", "vocab_size": 128256}
+
+
+def _profile(arch: str | None = None, *, version: str | None = None, **serve: Any) -> dict[str, Any]:
+    model: dict[str, Any] = {"source": "org/model", "checkpoint_dtype": "bfloat16"}
+    if arch:
+        model["architecture"] = arch
+    profile: dict[str, Any] = {"model": model, "serve": serve}
+    if version:
+        profile["vllm_version"] = version
+    return profile
+
+
+@dataclass
+class Case:
+    id: str
+    facts: str
+    profile: dict[str, Any]
+    near_facts: str
+    near_profile: dict[str, Any]
+    added: list[str] = field(default_factory=list)  # argv words the advisory adds
+    removed: list[str] = field(default_factory=list)  # argv words it takes out
+    env: dict[str, str] = field(default_factory=dict)
+    warned: bool = False
+    fix: str | None = None
+    config: dict[str, Any] | None = None
+    near_config: dict[str, Any] | None = None
+
+
+MISTRAL3 = _profile(
+    "Mistral3ForConditionalGeneration", version="0.27.1", extra_args=["--kv-cache-dtype", "fp8"]
+)
+NVFP4 = {"architectures": ["Qwen3ForCausalLM"], "torch_dtype": "bfloat16", "vocab_size": 151936}
+NVFP4["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "NVFP4"}
+SPEC = ["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}']
+
+CASES = [
+    Case(
+        "flashinfer-sm120-mistral3",
+        "rtx5090",
+        MISTRAL3,
+        "h100",  # CC 9.0, not sm_120
+        MISTRAL3,
+        added=["--attention-backend", "TRITON_ATTN"],
+    ),
+    Case(
+        "custom-allreduce-patched-p2p",
+        "rtx3090x2-p2p-patched",
+        _profile("Qwen3ForCausalLM", tensor_parallel_size=2),
+        "v100pcie-x2-nop2p",  # the driver reports no P2P: vLLM turns custom all-reduce off itself
+        _profile("Qwen3ForCausalLM", tensor_parallel_size=2),
+        added=["--disable-custom-all-reduce"],
+    ),
+    Case(
+        "flashinfer-sampler-nan",
+        "h100",
+        _profile("LlamaForCausalLM", version="0.11.0"),
+        "h100",
+        _profile("LlamaForCausalLM", version="0.11.1"),  # fixed in 0.11.1: stops applying
+        env={"VLLM_USE_FLASHINFER_SAMPLER": "0"},
+    ),
+    Case(
+        "nvfp4-fp16-marlin-nan",
+        "a100",  # CC 8.0: Marlin runs NVFP4
+        {"vllm_version": "0.15.0", "model": {"source": "x"}, "serve": {"dtype": "float16"}},
+        "b200",  # CC 10.0: native FP4, no Marlin
+        {"vllm_version": "0.15.0", "model": {"source": "x"}, "serve": {"dtype": "float16"}},
+        added=["--dtype", "bfloat16"],
+        removed=["--dtype", "float16"],
+        config=NVFP4,
+        near_config=NVFP4,
+    ),
+    Case(
+        "fp8-kv-deepseek-v3",
+        "h20",
+        _profile("DeepseekV3ForCausalLM", extra_args=["--kv-cache-dtype", "fp8"]),
+        "h20",
+        _profile("DeepseekV3ForCausalLM"),
+        warned=True,
+    ),
+    Case(
+        "fp8-kv-flashinfer-hopper-gemma3",
+        "h100",
+        _profile(
+            "Gemma3ForCausalLM", extra_args=["--attention-backend", "FLASHINFER", "--kv-cache-dtype", "fp8"]
+        ),
+        "h100",
+        _profile(
+            "Gemma3ForCausalLM", extra_args=["--attention-backend", "FLASH_ATTN", "--kv-cache-dtype", "fp8"]
+        ),
+        warned=True,
+    ),
+    Case(
+        "qwen2-fp16-overflow",
+        "t4",  # no native BF16: a BF16 checkpoint runs in FP16 under --dtype auto
+        _profile("Qwen2ForCausalLM"),
+        "a100",
+        _profile("Qwen2ForCausalLM"),
+        warned=True,
+    ),
+    Case(
+        "gemma3-fp16-zero",
+        "t4",
+        _profile("Gemma3ForCausalLM", version="0.8.5"),
+        "t4",
+        _profile("Gemma3ForCausalLM", version="0.9.0"),
+        warned=True,
+    ),
+    Case(
+        "gpt-oss-full-cudagraph-triton",
+        "h200",
+        _profile("GptOssForCausalLM", extra_args=["--attention-backend", "TRITON_ATTN"]),
+        "h200",
+        _profile("GptOssForCausalLM", enforce_eager=True, extra_args=["--attention-backend", "TRITON_ATTN"]),
+        warned=True,
+    ),
+    Case(
+        "hybrid-spec-decode-full-graph",
+        "h100",
+        _profile("Qwen3NextForCausalLM", extra_args=SPEC),
+        "h100",
+        _profile("Qwen3NextForCausalLM"),
+        warned=True,
+    ),
+    Case(
+        "hybrid-flashinfer-0.4",
+        "h100",
+        _profile("NemotronHForCausalLM", extra_args=["--attention-backend", "FLASHINFER"]),
+        "h100",
+        _profile("NemotronHForCausalLM"),
+        warned=True,
+    ),
+    Case(
+        "v2-penalty-table",
+        "h100",  # vLLM's default --max-num-seqs is 1024 here: 1024 x 128256 int32 is ~500 MiB
+        {"model": {"source": "x"}},
+        "h100",
+        {"model": {"source": "x"}, "serve": {"max_num_seqs": 64}},
+        warned=True,
+        config=LLAMA_VOCAB,
+        near_config=LLAMA_VOCAB,
+    ),
+    Case(
+        "fp32-projection",
+        "t4",
+        _profile("Gemma4UnifiedForConditionalGeneration"),
+        "a100",
+        _profile("Gemma4UnifiedForConditionalGeneration"),
+        fix="fp32_projection",
+    ),
+    Case(
+        "matmul-lora",
+        "h100",
+        _profile("Qwen3ForCausalLM", lora={"enabled": True}),
+        "h100",
+        _profile("Qwen3ForCausalLM"),
+        fix="matmul_lora",
+    ),
+    Case(
+        "device-penalties",
+        "a100",
+        {**_profile("LlamaForCausalLM", model_runner="v1"), "workload": {"penalties": True}},
+        "a100",
+        _profile("LlamaForCausalLM", model_runner="v1"),
+        fix="device_penalties",
+    ),
+]
+
+
+def test_every_advisory_has_a_case() -> None:
+    assert sorted(case.id for case in CASES) == sorted(a.id for a in advisories())
+
+
+def _outcome(plan: Plan, advisory: str) -> str | None:
+    return next((a.outcome for a in plan.advisories if a.id == advisory), None)
+
+
+def _with_mode(profile: dict[str, Any], advisory: str, mode: str) -> dict[str, Any]:
+    return {**profile, "advisories": {advisory: mode}}
+
+
+def _changed(before: list[str], removed: list[str], added: list[str]) -> list[str]:
+    """`before` with the words `removed` (one contiguous run) taken out and `added` appended."""
+    if removed:
+        at = next(i for i in range(len(before)) if before[i : i + len(removed)] == removed)
+        before = before[:at] + before[at + len(removed) :]
+    return before + added
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_triggered(case: Case, plan_for: PlanFor) -> None:
+    plan = plan_for(case.facts, case.profile, case.config)
+
+    assert not plan.errors
+    if case.fix:
+        assert _outcome(plan, case.id) == "fixed"
+        assert case.fix in plan.enabled_fixes
+        assert case.id in plan.applied_advisories
+        return
+    baseline = plan_for(case.facts, _with_mode(case.profile, case.id, "ignore"), case.config)
+    assert _outcome(baseline, case.id) == "ignored"
+    assert not any(f"advisory {case.id} " in w for w in baseline.warnings)
+    assert plan.argv == _changed(baseline.argv, case.removed, case.added)
+    assert {k: v for k, v in plan.env.items() if baseline.env.get(k) != v} == case.env
+    warning = [w for w in plan.warnings if w.startswith(f"advisory {case.id} ")]
+    if case.warned:
+        assert _outcome(plan, case.id) == "warned"
+        assert len(warning) == 1
+        assert case.id not in plan.applied_advisories
+    else:
+        assert _outcome(plan, case.id) == "applied"
+        assert warning == []
+        assert case.id in plan.applied_advisories
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_one_condition_away(case: Case, plan_for: PlanFor) -> None:
+    plan = plan_for(case.near_facts, case.near_profile, case.near_config)
+
+    assert _outcome(plan, case.id) is None
+    assert not any(w.startswith(f"advisory {case.id} ") for w in plan.warnings)
+    verdict = next(v for v in plan.verdicts if v.id == case.id)
+    assert verdict.status == "does_not_apply", verdict.why
+
+
+@pytest.mark.parametrize(
+    "case", [c for c in CASES if c.warned and c.id != "v2-penalty-table"], ids=lambda c: c.id
+)
+def test_a_warned_workaround_applies_when_the_profile_says_apply(case: Case, plan_for: PlanFor) -> None:
+    warned = plan_for(case.facts, case.profile, case.config)
+    applied = plan_for(case.facts, _with_mode(case.profile, case.id, "apply"), case.config)
+
+    advisory = next(a for a in advisories() if a.id == case.id)
+    assert _outcome(applied, case.id) == "applied"
+    assert applied.argv[-len(advisory.action.args) :] == advisory.action.args
+    assert applied.argv != warned.argv
+    # The warning named the exact change the profile setting makes.
+    [warning] = [w for w in warned.warnings if w.startswith(f"advisory {case.id} ")]
+    assert " ".join(advisory.action.args) in warning
+
+
+def test_an_applied_workaround_can_be_turned_down_to_a_warning(plan_for: PlanFor) -> None:
+    case = CASES[0]
+    plan = plan_for(case.facts, _with_mode(case.profile, case.id, "warn"))
+
+    assert _outcome(plan, case.id) == "warned"
+    assert "--attention-backend" not in plan.argv
+    assert any("--attention-backend TRITON_ATTN" in w for w in plan.warnings)
+
+
+def test_the_penalty_table_warning_gives_the_mib_for_the_profile(plan_for: PlanFor) -> None:
+    plan = plan_for("h100", {"model": {"source": "x"}}, LLAMA_VOCAB)
+
+    [outcome] = [a for a in plan.advisories if a.id == "v2-penalty-table"]
+    # 1024 x (128256 + ceil(128256 / 32)) int32 = 516 MiB; a quarter of the sequences gives back 387 MiB.
+    assert "reserves 516 MiB per GPU" in outcome.detail
+    assert "int32[1024, 128256]" in outcome.detail
+    assert "`--max-num-seqs 256` would give back about 387 MiB" in outcome.detail
+
+
+def test_an_unknown_advisory_id_in_a_profile_is_a_plan_error(plan_for: PlanFor) -> None:
+    plan = plan_for("h100", {**_profile("LlamaForCausalLM"), "advisories": {"no-such-thing": "apply"}})
+
+    assert any("advisories.no-such-thing" in e and "deploykit advisories" in e for e in plan.errors)
+
+
+def test_a_fix_is_set_under_fixes_not_advisories(plan_for: PlanFor) -> None:
+    plan = plan_for("t4", {**_profile("LlamaForCausalLM"), "advisories": {"fp32-projection": "ignore"}})
+
+    assert any("fixes:" in e and "fp32_projection" in e for e in plan.errors)
+
+
+def test_a_fix_turned_off_is_recorded_and_warned_by_the_fix(plan_for: PlanFor) -> None:
+    plan = plan_for(
+        "t4", {**_profile("Gemma4UnifiedForConditionalGeneration"), "fixes": {"fp32_projection": "off"}}
+    )
+
+    assert _outcome(plan, "fp32-projection") == "fix_off"
+    assert any("fix fp32_projection is turned off" in w for w in plan.warnings)
