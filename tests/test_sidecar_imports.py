@@ -22,13 +22,15 @@ import threading
 import time
 import zipfile
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from importlib.metadata import packages_distributions
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+
+from tests.http_server import serving
 
 REPO = Path(__file__).resolve().parents[1]
 IMAGE_DISTRIBUTIONS = REPO / "tests" / "fixtures" / "vllm-image" / "vllm-0.33.0-distributions.txt"
@@ -248,14 +250,8 @@ class _FakeVllm(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def fake_vllm() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeVllm)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(_FakeVllm) as url:
+        yield url
 
 
 def run_in_image(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -18,10 +18,9 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ import pytest
 
 from deploykit.net import free_port
 from deploykit.store import open_store
+from tests.http_server import serving
 
 REPO = Path(__file__).resolve().parents[2]
 # A refusal must come in seconds; the bound leaves room for a loaded CI machine's interpreter start-up.
@@ -354,19 +354,6 @@ def test_a_proxys_error_pages_during_runs_are_named_not_printed(tmp_path: Path) 
 
 
 # --- helpers ----------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def serving(handler: Any) -> Iterator[str]:
-    """A real HTTP server on a free loopback port for the `with` block; yields its base URL."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @contextlib.contextmanager

@@ -26,6 +26,7 @@ from deploykit.errors import CanaryError
 from deploykit.plan import build_env
 from deploykit.profile.load import load_profile
 from tests.canary.test_canary import GOOD, WRONG, make, stored
+from tests.http_server import serving
 
 
 def vllm_page(total: float, created: float = 1.7961912571727862e09, engines: int = 1) -> str:
@@ -109,14 +110,8 @@ class FakeVllmMetrics:
             def log_message(self, format: str, *args: Any) -> None:
                 return
 
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        server.daemon_threads = True
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        try:
-            yield f"http://127.0.0.1:{server.server_address[1]}"
-        finally:
-            server.shutdown()
-            server.server_close()
+        with serving(Handler) as url:
+            yield url
 
 
 def own_metrics(base: str) -> dict[str, float]:
