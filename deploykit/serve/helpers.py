@@ -98,9 +98,3 @@ def print_verdict(record: ResultRecord, result_id: int | None, where: str, ui: C
     ui.say(f"verdict: {word} ({record.stage}): {record.diagnosis}")
     if result_id is not None:
         ui.say(f"result #{result_id} stored in {where}")
-
-
-def deploykit_version() -> str:
-    from deploykit import __version__
-
-    return __version__

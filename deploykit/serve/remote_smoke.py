@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
+from deploykit import __version__
 from deploykit.serve.console import ConsoleUI
-from deploykit.serve.helpers import deploykit_version, exit_code_for, print_verdict, redact, secret_values
+from deploykit.serve.helpers import exit_code_for, print_verdict, redact, secret_values
 from deploykit.serve.stages import StageFailure, case_timings, check_plan, load
 from deploykit.store_row import store_row
 
@@ -81,7 +82,7 @@ def run_remote_smoke(options: SmokeOptions, ui: ConsoleUI | None = None) -> int:
     # Opened first: a store that cannot be written stops here, before any request is sent.
     store = open_store(options.store_url) if options.store else None
     record = ResultRecord(command="smoke", verdict="error", stage="profile", base_url=options.url)
-    record.versions = {"deploykit": deploykit_version()}
+    record.versions = {"deploykit": __version__}
     secrets = secret_values(None, os.environ)
     try:
         if options.profile is not None:

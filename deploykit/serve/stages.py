@@ -17,11 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from deploykit import exit_codes, net
+from deploykit import __version__, exit_codes, net
 from deploykit.errors import DeploykitError
 from deploykit.logtail import tail
 from deploykit.serve.helpers import (
-    deploykit_version,
     overhead,
     plan_for_store,
     profile_issues,
@@ -99,7 +98,7 @@ def probe_machine() -> tuple[ProbeFacts, dict[str, str | None]]:
     from deploykit.probe.load import probe
 
     facts = probe()
-    return facts, {"deploykit": deploykit_version(), "vllm": facts.vllm_version, "torch": facts.torch_version}
+    return facts, {"deploykit": __version__, "vllm": facts.vllm_version, "torch": facts.torch_version}
 
 
 def check_plan(plan: Plan) -> None:
@@ -342,7 +341,7 @@ def attempt_record(attempt: Attempt, verdict: str, diagnosis: str) -> ResultReco
         base_url=attempt.base_url,
         facts=attempt.facts,
         plan=plan_for_store(plan, attempt.argv) if plan else None,
-        versions=attempt.versions or {"deploykit": deploykit_version()},
+        versions=attempt.versions or {"deploykit": __version__},
         timings=attempt.timings,
         cases=attempt.report.cases if attempt.report else [],
         fixes_active=attempt.fixes_active,

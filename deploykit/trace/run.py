@@ -135,11 +135,12 @@ def send_cases(
 
 def run_trace(options: TraceOptions, say: Any = None) -> tuple[int, TraceReport | None]:
     """One trace attempt; returns (exit code, report). Stores exactly one row whatever happens."""
+    from deploykit import __version__
     from deploykit.net import free_port
     from deploykit.paths import default_log_dir
     from deploykit.plan import make_plan
     from deploykit.serve.console import log_echo
-    from deploykit.serve.helpers import deploykit_version, plan_for_store, redact, secret_values
+    from deploykit.serve.helpers import plan_for_store, redact, secret_values
     from deploykit.serve.stages import (
         check_plan,
         ensure_model,
@@ -158,7 +159,7 @@ def run_trace(options: TraceOptions, say: Any = None) -> tuple[int, TraceReport 
     say = say or (lambda message: None)
     started = time.monotonic()
     record = ResultRecord(command="trace", verdict="error", stage="profile", profile_name=options.profile)
-    record.versions = {"deploykit": deploykit_version()}
+    record.versions = {"deploykit": __version__}
     secrets: list[str] = secret_values(None, os.environ)
     server = None
     report: TraceReport | None = None
