@@ -21,11 +21,19 @@ from deploykit.advisories import (
 )
 from deploykit.fixes import FIX_NAMES as FIX_NAMES  # `--fix NAME=...` checks names against these
 from deploykit.fixes import load_fix
-from deploykit.fixes.base import Decision, DecisionInputs, FixDecision, effective_runner
+from deploykit.fixes.base import OBSOLETE_PREFIX, Decision, DecisionInputs, FixDecision, effective_runner
 from deploykit.plugin_contract import FIXES_ENV as FIXES_ENV_VAR
 from deploykit.probe.facts import GpuFacts, ProbeFacts
 from deploykit.profile.schema import BUILTIN_PREFIX, FixMode, LoadedProfile, Profile, SecretRef
-from deploykit.vllm_compat import TESTED_VLLM, is_cpu_build, version_in_range
+from deploykit.vllm_compat import (
+    RUNNER_ENV,
+    TESTED_VLLM,
+    is_cpu_build,
+    runner_choice_problem,
+    runner_env_value,
+    version_in_range,
+)
+from deploykit.vllm_tables import NEWEST_KNOWN_RELEASE, env_vars_removed_by, newer_than_known
 
 # Flags the typed settings own; setting them again in extra_args would be ambiguous.
 _TYPED_FLAGS = {
@@ -256,6 +264,36 @@ def untested_vllm_warning(version: str | None) -> str | None:
     )
 
 
+def unknown_release_warning(version: str | None, decisions: list[FixDecision]) -> str | None:
+    """For a target newer than every release deploykit has read (`make vllm-release`): which fixes'
+    targets were never checked on it. A fix that stood aside because an older release removed its target
+    is not named: nothing newer brings it back unnoticed."""
+    if not newer_than_known(version):
+        return None
+    unchecked = [
+        f"{d.name} ({'enabled' if d.decision is Decision.ENABLED else d.decision.value})"
+        for d in decisions
+        if not d.reason.startswith(OBSOLETE_PREFIX)
+    ]
+    return (
+        f"vLLM {version} is newer than every release deploykit has read (the newest is "
+        f"{NEWEST_KNOWN_RELEASE}): the targets of {', '.join(unchecked) or 'no fix'} were never checked "
+        "on it; `deploykit fixes` on the target checks them, a mismatch stops vLLM at start-up"
+    )
+
+
+def removed_env_warnings(env: dict[str, str], version: str | None) -> list[str]:
+    """A variable the plan writes that the target's vLLM (or, for a newer target, the newest known
+    release) no longer defines: it would be ignored, or refused. deploykit's own never are (RUNNER_ENV)."""
+    removed = env_vars_removed_by(version)
+    return [
+        f"env {name}: vLLM {release} no longer reads it (gone from its vllm/envs.py); remove it from the "
+        "profile's env"
+        for name, release in sorted(removed.items())
+        if name in env
+    ]
+
+
 def decision_inputs(profile: Profile, facts: ProbeFacts, model_path: str) -> DecisionInputs:
     dtype, architectures = checkpoint_facts(profile, model_path)
     version = target_vllm_version(profile, facts)
@@ -318,7 +356,9 @@ NAN_COUNTER_ENV = "VLLM_COMPUTE_NANS_IN_LOGITS"
 """Makes vLLM count requests with NaN logits (`vllm:corrupted_requests`), which the canary reads."""
 
 
-def build_env(profile: Profile, enabled: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+def build_env(
+    profile: Profile, enabled: list[str], vllm_version: str | None = None
+) -> tuple[dict[str, str], dict[str, str]]:
     env: dict[str, str] = {}
     secrets: dict[str, str] = {}
     for key, value in profile.env.items():
@@ -331,8 +371,9 @@ def build_env(profile: Profile, enabled: list[str]) -> tuple[dict[str, str], dic
         # vLLM reads VLLM_API_KEY; the value never appears in argv.
         env["VLLM_API_KEY"] = secret_reference(profile.serve.api_key_env)
         secrets["VLLM_API_KEY"] = profile.serve.api_key_env
-    if profile.serve.model_runner != "auto":
-        env["VLLM_USE_V2_MODEL_RUNNER"] = "1" if profile.serve.model_runner == "v2" else "0"
+    runner_value = runner_env_value(vllm_version, profile.serve.model_runner)
+    if runner_value is not None:
+        env[RUNNER_ENV] = runner_value
     if profile.serve.count_nan_logits:
         # vLLM counts requests with NaN logits for the canary; a value the profile's env gives wins.
         env.setdefault(NAN_COUNTER_ENV, "1")
@@ -435,10 +476,16 @@ def make_plan(
     mismatch = target_mismatch(profile, facts, inputs)
     if mismatch:
         errors.insert(0, mismatch)
+    runner_problem = runner_choice_problem(inputs.vllm_version, profile.serve.model_runner)
+    if runner_problem:
+        errors.insert(0, runner_problem)
     warnings: list[str] = []
     untested = untested_vllm_warning(inputs.vllm_version)
     if untested:
         warnings.append(untested)
+    unknown = unknown_release_warning(inputs.vllm_version, decisions)
+    if unknown:
+        warnings.append(unknown)
     warnings += _disabled_but_called_for(profile, inputs, overrides or {}, decisions)
     exposure = unauthenticated_exposure(profile)
     if exposure:
@@ -465,7 +512,8 @@ def make_plan(
     runner = effective_runner(inputs)
     for decision in decisions:
         warnings += load_fix(decision.name).plan_warnings(inputs, decision)
-    env, secrets = build_env(profile, enabled)
+    env, secrets = build_env(profile, enabled, inputs.vllm_version)
+    warnings += removed_env_warnings(env, inputs.vllm_version)
     argv = build_argv(profile, model_path, enabled, inputs)
     advice = plan_advice(profile, facts, inputs, (argv, env), decisions, runner)
     plan = Plan(
@@ -529,7 +577,7 @@ def validate_plan(plan: Plan, cache_dir: Path | None = None) -> None:
     or, for an installed vLLM without one, its parser read once in a child process and cached.
     """
     from deploykit.vllm_args import ArgvRejected
-    from deploykit.vllm_options import OptionTableUnavailable, check_serve_argv
+    from deploykit.vllm_options import NEWEST_TABLE_HOW, OptionTableUnavailable, check_serve_argv
 
     try:
         verdict = check_serve_argv(plan.argv, cache_dir, vllm_version=plan.vllm_version)
@@ -541,6 +589,13 @@ def validate_plan(plan: Plan, cache_dir: Path | None = None) -> None:
         plan.validation = ArgvValidation(status="skipped", detail=f"argv not validated: {exc}")
         return
     plan.validation = ArgvValidation(status="ok", detail=verdict.describe())
+    if verdict.how.startswith(NEWEST_TABLE_HOW):
+        plan.warnings.append(
+            f"the argv was checked against the option table of vLLM {verdict.vllm_version}, the newest "
+            f"deploykit ships, not against vLLM {plan.vllm_version}'s own parser: an option that release "
+            "added, removed or changed is not known here (`make vllm-release VERSION=...` adds its table)"
+        )
+        return
     mismatch = validated_elsewhere_warning(plan.vllm_version, verdict.vllm_version)
     if mismatch:
         plan.warnings.append(mismatch)

@@ -34,12 +34,54 @@ def is_cpu_build(version_text: str | None) -> bool:
 V2_RUNNER_DEFAULT_SINCE: tuple[int, int, int] = (0, 25, 0)
 
 
+# vLLM 0.34.0 deleted the V1 model runner, the V1 sampler, vllm/v1/sample/ops/penalties.py and the V1
+# logits-processor package vllm.v1.sample.logits_processor (read from 0.34.0's wheel). Its
+# vllm/platforms/interface.py now refuses VLLM_USE_V2_MODEL_RUNNER=0 at start-up ("Model Runner V1 has been
+# removed. Unset this variable.") and only warns about =1; envs.py no longer defines the variable. From
+# 0.34 every platform runs the V2 runner.
+V1_RUNNER_REMOVED_IN: tuple[int, int, int] = (0, 34, 0)
+RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+"""The variable that chose the runner (0.25-0.33); 0.34 refuses =0 and ignores =1."""
+
+
+def release_label(version: tuple[int, int, int]) -> str:
+    return ".".join(str(part) for part in version)
+
+
+def v1_runner_removed(vllm_version: str | None) -> bool:
+    """True when the target vLLM has no V1 model runner any more (0.34 and later)."""
+    parsed = parse_version(vllm_version)
+    return parsed is not None and parsed >= V1_RUNNER_REMOVED_IN
+
+
+def runner_choice_problem(vllm_version: str | None, model_runner: str) -> str | None:
+    """One line when the profile asks for a runner the target vLLM no longer has; None otherwise."""
+    if model_runner == "v1" and v1_runner_removed(vllm_version):
+        return (
+            f"serve.model_runner: v1, but vLLM {vllm_version} has no V1 model runner (removed in vLLM "
+            f"{release_label(V1_RUNNER_REMOVED_IN)}): set `serve.model_runner: auto`, or target vLLM "
+            f"< {release_label(V1_RUNNER_REMOVED_IN)} with the profile's vllm_version"
+        )
+    return None
+
+
+def runner_env_value(vllm_version: str | None, model_runner: str) -> str | None:
+    """What deploykit writes to VLLM_USE_V2_MODEL_RUNNER for the profile's choice: nothing for `auto`,
+    and nothing for a vLLM that removed the V1 runner (=0 stops it at start-up, =1 is redundant)."""
+    if model_runner not in ("v1", "v2") or v1_runner_removed(vllm_version):
+        return None
+    return "1" if model_runner == "v2" else "0"
+
+
 def default_model_runner(vllm_version: str | None, platform: str) -> str:
     """ "v1" or "v2": the model runner the target vLLM picks when VLLM_USE_V2_MODEL_RUNNER is unset.
 
-    The V2 runner needs Triton on a GPU (config/vllm.py: "Model Runner V2 requires Triton; using the
-    V1 model runner instead"), so the CPU build runs V1 whatever its version.
+    Before 0.34 the V2 runner needs Triton on a GPU (config/vllm.py: "Model Runner V2 requires Triton;
+    using the V1 model runner instead"), so the CPU build runs V1 whatever its version; from 0.34 there is
+    only the V2 runner, on every platform.
     """
+    if v1_runner_removed(vllm_version):
+        return "v2"
     if platform == "cpu" or is_cpu_build(vllm_version):
         return "v1"
     parsed = parse_version(vllm_version)
@@ -51,17 +93,19 @@ def default_model_runner(vllm_version: str | None, platform: str) -> str:
 # --- the vLLM versions this release is tested with ----------------------------------------------------
 
 # The one statement of which vLLM versions this release of deploykit is tested with (a PEP 440 specifier;
-# pyproject's [gpu] and [cpu] extras carry the same bounds, and every release in it has a shipped table,
-# deploykit/vllm_tables). "Tested" means, for each release in the range:
+# pyproject's [gpu] and [cpu] extras carry the same bounds, held to it by tests/test_vllm_compat.py, and
+# every release in it has a shipped table, deploykit/vllm_tables). "Tested" means, for each release in it:
 # - 0.32 (vLLM's CPU build, installed in the test venv): the whole suite, the end-to-end tests that start a
 #   real `vllm serve` with the fixes applied (tests/e2e) included;
-# - 0.33 (no CPU build exists; the Python sources of its CUDA wheel, imported over the CPU build's torch):
-#   the tier tests/vllm_releases, i.e. each fix's target check and decision rule, the module-level fix
-#   tests that need no compiled kernel, the status route's install, and the shipped option table against
-#   that release's live parser. No real server, no CUDA kernel (docs/status.md says what is not proven).
+# - 0.33 and 0.34 (no CPU build exists; the Python sources of their CUDA wheels, imported over the CPU
+#   build's torch): the tier tests/vllm_releases, i.e. each fix's target check and decision rule, the
+#   module-level fix tests that need no compiled kernel, the status route's install, and the shipped option
+#   table against that release's live parser. No real server, no CUDA kernel (docs/status.md says what is
+#   not proven).
 # Other versions may well work, but nothing here has proven it: `deploykit plan` warns about a target
-# outside the range. Widen it only with a shipped table and the tier passing on the new release.
-TESTED_VLLM = ">=0.32,<0.34"
+# outside the range. Widen it only with a shipped table and the tier passing on the new release
+# (`make vllm-release VERSION=X` produces both; this line is then the one hand edit).
+TESTED_VLLM = ">=0.32,<0.35"
 
 # PEP 440 versions (vLLM's own are `0.32.0`, `0.33.0rc1`, `0.32.0+cpu`, `0.32.1.dev3+g1a2b3c`), read here
 # rather than with `packaging`, which nothing on `deploykit plan`'s path imports (tests/test_vllm_compat.py

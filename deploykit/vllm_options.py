@@ -35,8 +35,16 @@ from typing import Any, NoReturn
 
 from deploykit.installed import installed_vllm_version
 from deploykit.vllm_args import RESULT_PREFIX, TABLE_SCHEMA, ArgvRejected
+from deploykit.vllm_tables import (
+    NEWEST_KNOWN_RELEASE,
+    newer_than_known,
+    shipped_env_vars,
+    shipped_option_table,
+)
 from deploykit.vllm_tables import SUPPORTED_VLLM_RELEASES as SUPPORTED_VLLM_RELEASES
-from deploykit.vllm_tables import shipped_env_vars, shipped_option_table
+
+NEWEST_TABLE_HOW = "the newest shipped option table"
+"""How a verdict says it stood in the newest known release's table for a target newer than any."""
 
 BUILD_TIMEOUT_S = 600.0  # importing vLLM takes ~6 s on an idle machine, a minute on a loaded one
 
@@ -462,6 +470,12 @@ def target_table(vllm_version: str | None, cache_dir: Path | None = None) -> tup
         return shipped, "shipped option table", is_installed
     if is_installed:
         return load_table(cache_dir), "cached option table", True
+    if newer_than_known(target):
+        return (
+            dict(shipped_option_table(NEWEST_KNOWN_RELEASE) or {}),
+            f"{NEWEST_TABLE_HOW} (vLLM {NEWEST_KNOWN_RELEASE}; none is shipped for {target})",
+            False,
+        )
     raise OptionTableUnavailable(
         f"deploykit ships no `vllm serve` option table for vLLM {target} (it has "
         f"{', '.join(SUPPORTED_VLLM_RELEASES)}) and the installed vLLM is {installed or 'none'}: plan on a "

@@ -17,6 +17,7 @@ from deploykit.probe.facts import ProbeFacts
 from deploykit.profile.load import load_profile, parse_profile
 from deploykit.profile.schema import FixMode, LoadedProfile
 from deploykit.vllm_compat import TESTED_VLLM
+from tests.vllm_releases.releases import NEXT_RELEASE
 
 REPO = Path(__file__).resolve().parents[1]
 FACTS_DIR = REPO / "tests" / "fixtures" / "facts"
@@ -83,6 +84,7 @@ def _penalties_profile(runner: str) -> LoadedProfile:
     loaded = load_profile("penalties-high-concurrency")
     profile = loaded.profile.model_copy(deep=True)
     profile.serve.model_runner = runner  # type: ignore[assignment]
+    profile.vllm_version = None  # the shipped profile targets 0.33 on purpose; here the facts decide
     return LoadedProfile(profile=profile, path=loaded.path)
 
 
@@ -105,6 +107,56 @@ def test_device_penalties_follows_the_target_vllm(vllm_version: str, runner: str
     if runner == "v1":
         assert plan.env["VLLM_USE_V2_MODEL_RUNNER"] == "0"
         assert any("V1 model runner" in w for w in plan.warnings)
+
+
+@pytest.mark.parametrize("vllm_version", ["0.34.0", NEXT_RELEASE])
+def test_vllm_034_has_no_v1_runner_and_device_penalties_is_obsolete(vllm_version: str) -> None:
+    """Issue 33: from 0.34 the V2 runner everywhere; the fix stands aside naming 0.34; no runner variable."""
+    plan = make_plan(_penalties_profile("auto"), facts("h100", vllm_version))
+    verdict, reason = decision(plan, "device_penalties")
+    assert verdict is Decision.NOT_NEEDED and reason.startswith("obsolete from vLLM 0.34.0:"), reason
+    assert plan.model_runner == "v2" and plan.errors == []
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in plan.env and "--logits-processors" not in plan.argv
+    assert not any("V1" in w and "selects" in w for w in plan.warnings)
+    cpu = make_plan(load_profile("demo-cpu"), facts("no-gpu", f"{vllm_version}+cpu"))
+    assert cpu.model_runner == "v2"  # on every platform
+    v2 = make_plan(_penalties_profile("v2"), facts("h100", vllm_version))
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in v2.env  # =1 is redundant there (vLLM warns)
+    forced = make_plan(
+        _penalties_profile("auto"), facts("h100", vllm_version), {"device_penalties": FixMode.ON}
+    )
+    assert any(
+        "device_penalties is forced on" in e and "obsolete from vLLM 0.34.0" in e for e in forced.errors
+    )
+
+
+def test_a_v1_profile_on_vllm_034_is_one_clear_error(tmp_path: Path) -> None:
+    """The shipped penalties profile asks for V1; for a 0.34 host: one line naming 0.34, exit 2, no =0."""
+    plan = make_plan(_penalties_profile("v1"), facts("h100", "0.34.0"))
+    [error] = [e for e in plan.errors if "model_runner" in e]
+    assert "removed in vLLM 0.34.0" in error and "VLLM_USE_V2_MODEL_RUNNER" not in plan.env
+    loaded = load_profile("penalties-high-concurrency")
+    path = tmp_path / "v1-on-034.yaml"
+    text = loaded.path.read_text().replace('vllm_version: "0.33.0"', 'vllm_version: "0.34.0"')
+    path.write_text(text)
+    done = _deploykit("plan", "-p", str(path), "--facts", str(FACTS_DIR / "h100.json"), "--no-validate")
+    assert done.returncode == 2, done.stdout + done.stderr
+    errors = [line for line in (done.stdout + done.stderr).splitlines() if "error:" in line]
+    assert len([e for e in errors if "removed in vLLM 0.34.0" in e]) == 1, errors
+    assert "VLLM_USE_V2_MODEL_RUNNER=0" not in done.stdout
+
+
+def test_a_target_newer_than_any_known_release_says_what_is_not_known() -> None:
+    """Issue 33: the next release: the fixes never checked on it named, the newest table used and said,
+    no variable a known release removed written."""
+    plan = make_plan(load_profile("qwen-lora-hopper"), facts("h100", NEXT_RELEASE))
+    [unknown] = [w for w in plan.warnings if "newer than every release" in w]
+    assert "matmul_lora (enabled)" in unknown and "fp32_projection" in unknown
+    assert "device_penalties" not in unknown  # obsolete from 0.34: known gone, not unchecked
+    validate_plan(plan)
+    assert plan.validation is not None and plan.validation.status == "ok"
+    assert any(f"not against vLLM {NEXT_RELEASE}'s own parser" in w for w in plan.warnings)
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in plan.env
 
 
 def test_device_penalties_forced_on_a_v2_runner_is_refused() -> None:
@@ -265,10 +317,11 @@ def version_warnings(plan: Plan) -> list[str]:
         ("gemma4-turing", "t4", "0.32.7", True),
         ("demo-cpu", "no-gpu", "0.32.0+cpu", True),  # the CPU build this suite runs: +cpu is no matter
         ("gemma4-turing", "t4", "0.33.0", True),  # issue 25: 0.33 is tested (tests/vllm_releases)
+        ("gemma4-turing", "t4", "0.34.0", True),  # issue 33: 0.34 too
         ("gemma4-turing", "t4", "0.31.4", False),  # below
-        ("gemma4-turing", "t4", "0.34.0", False),  # above: 0.34 is not proven yet
-        ("gemma4-turing", "t4", "0.34.0rc1", False),  # a release candidate of 0.34 is not 0.33
-        ("demo-cpu", "no-gpu", "0.34.0+cpu", False),
+        ("gemma4-turing", "t4", NEXT_RELEASE, False),  # above: the next release is not proven yet
+        ("gemma4-turing", "t4", NEXT_RELEASE + "rc1", False),  # nor its release candidate
+        ("demo-cpu", "no-gpu", NEXT_RELEASE + "+cpu", False),
     ],
 )
 def test_plan_warns_when_the_target_vllm_is_outside_the_tested_range(
@@ -291,10 +344,12 @@ def test_the_profiles_vllm_version_is_the_target_before_the_facts(tmp_path: Path
     )
     plan = make_plan(pinned, facts("no-gpu", "0.33.0+cpu"))
     assert plan.vllm_version == "0.32.1+cpu" and version_warnings(plan) == []
-    outside = LoadedProfile(loaded.profile.model_copy(update={"vllm_version": "0.34.0"}), tmp_path / "p.yaml")
+    outside = LoadedProfile(
+        loaded.profile.model_copy(update={"vllm_version": NEXT_RELEASE}), tmp_path / "p.yaml"
+    )
     plan = make_plan(outside, facts("no-gpu", "0.32.0+cpu"))
     assert [w[: w.index(";")] for w in version_warnings(plan)] == [
-        f"vLLM 0.34.0 is outside the range {TESTED_IN}"
+        f"vLLM {NEXT_RELEASE} is outside the range {TESTED_IN}"
     ]
 
 
@@ -312,15 +367,15 @@ def test_an_unknown_target_vllm_version_is_one_warning(vllm_version: str | None,
 
 
 def test_cli_plan_warns_about_an_untested_vllm_in_json_and_text(tmp_path: Path) -> None:
-    """Through the real command: t4.json's facts with vLLM 0.34.0, outside the range; a warning, so exit 0."""
-    t4_path = tmp_path / "t4-0.34.json"
-    t4_path.write_text(facts("t4", "0.34.0").model_dump_json())
+    """Through the real command: t4.json's facts with the next vLLM, outside the range; a warning, exit 0."""
+    t4_path = tmp_path / "t4-next.json"
+    t4_path.write_text(facts("t4", NEXT_RELEASE).model_dump_json())
     t4 = str(t4_path)
     as_json = _deploykit("plan", "-p", "gemma4-turing", "--facts", t4, "--no-validate", "-f", "json")
     assert as_json.returncode == 0, as_json.stderr
     data = json.loads(as_json.stdout)
-    assert data["vllm_version"] == "0.34.0"
-    expected = f"vLLM 0.34.0 is outside the range {TESTED_IN}; {UNPROVEN}"
+    assert data["vllm_version"] == NEXT_RELEASE
+    expected = f"vLLM {NEXT_RELEASE} is outside the range {TESTED_IN}; {UNPROVEN}"
     assert [w for w in data["warnings"] if w.startswith(expected)] == [data["warnings"][0]]
     as_text = _deploykit("plan", "-p", "gemma4-turing", "--facts", t4, "--no-validate")
     assert as_text.returncode == 0, as_text.stderr

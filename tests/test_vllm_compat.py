@@ -8,6 +8,7 @@ import re
 import pytest
 
 from deploykit.vllm_compat import TESTED_VLLM, same_release, version_in_range, vllm_image_tag
+from tests.vllm_releases.releases import NEXT_RELEASE
 
 # vLLM's own version shapes (release, CPU build, rc, dev build from a checkout, post release) and PEP 440's
 # corners (leading v, epochs, alternative spellings, trailing zeros, pre/post/dev of a range's bounds).
@@ -55,14 +56,15 @@ SPECIFIERS = [TESTED_VLLM, ">=0.32.0,<=0.33", ">0.32,<0.33.0rc2", "==0.32", "!=0
         ("0.33.2+cu129", True),
         ("0.31.2", False),  # below
         ("0.32.0rc1", False),  # a pre-release of 0.32 comes before 0.32
-        ("0.34.0", False),  # above
-        ("0.34.0rc1", False),  # `<0.34` excludes 0.34's own pre-releases
-        ("0.34.0.dev1+cpu", False),
+        ("0.34.0", True),
+        ("0.35.0", False),  # above
+        ("0.35.0rc1", False),  # `<0.35` excludes 0.35's own pre-releases
+        ("0.35.0.dev1+cpu", False),
         ("1.0.0", False),
     ],
 )
 def test_the_tested_range(version: str, inside: bool) -> None:
-    assert TESTED_VLLM == ">=0.32,<0.34"
+    assert TESTED_VLLM == ">=0.32,<0.35"
     assert version_in_range(version) is inside
 
 
@@ -164,5 +166,5 @@ def test_deploykit_fixes_names_the_range_and_where_the_installed_vllm_stands() -
         tested_range_line([row("0.33.0")])
         == f"tested with vLLM {TESTED_VLLM}; installed vLLM 0.33.0: inside it"
     )
-    assert "installed vLLM 0.34.0: OUTSIDE it" in tested_range_line([row("0.34.0")])
+    assert f"installed vLLM {NEXT_RELEASE}: OUTSIDE it" in tested_range_line([row(NEXT_RELEASE)])
     assert tested_range_line([row(None)]).endswith("; no vLLM installed")

@@ -21,6 +21,7 @@ from deploykit.probe.facts import ProbeFacts
 from deploykit.profile.load import load_profile
 from deploykit.vllm_args import TABLE_SCHEMA, ArgvRejected, validate_serve_argv, vllm_importable
 from deploykit.vllm_tables import SUPPORTED_VLLM_RELEASES, release_of, shipped_option_table
+from tests.vllm_releases.releases import NEXT_RELEASE
 
 REPO = Path(__file__).resolve().parents[1]
 FACTS_DIR = REPO / "tests" / "fixtures" / "facts"
@@ -286,13 +287,13 @@ def test_the_table_is_built_once_per_vllm_version(tmp_path: Path, monkeypatch: p
     assert vllm_options.check_serve_argv(argv, tmp_path).how == "cached option table"
     vllm_options.check_serve_argv(argv, tmp_path)
     assert builds == ["0.31.0+cpu"]
-    version["now"] = "0.34.0"
+    version["now"] = NEXT_RELEASE
     vllm_options.check_serve_argv(argv, tmp_path)
     vllm_options.check_serve_argv(argv, tmp_path)
-    assert builds == ["0.31.0+cpu", "0.34.0"]
+    assert builds == ["0.31.0+cpu", NEXT_RELEASE]
     assert {p.name for p in tmp_path.iterdir()} == {
         f"vllm-serve-0.31.0+cpu.schema{TABLE_SCHEMA}.json",
-        f"vllm-serve-0.34.0.schema{TABLE_SCHEMA}.json",
+        f"vllm-serve-{NEXT_RELEASE}.schema{TABLE_SCHEMA}.json",
     }
 
 
@@ -363,22 +364,38 @@ def test_a_release_without_a_table_that_is_not_installed_is_not_checked(
     monkeypatch.setattr(vllm_options, "installed_vllm_version", lambda: "0.32.0+cpu")
     no_live_parser(monkeypatch)
     with pytest.raises(
-        vllm_options.OptionTableUnavailable, match=r"no .* table for vLLM 0.34.0 .*0.32.0, 0.33.0"
+        vllm_options.OptionTableUnavailable,
+        match=rf"no .* table for vLLM 0.31.0 .*{', '.join(SUPPORTED_VLLM_RELEASES)}",
     ):
-        vllm_options.check_serve_argv([*BASE], tmp_path, vllm_version="0.34.0")
+        vllm_options.check_serve_argv([*BASE], tmp_path, vllm_version="0.31.0")
+
+
+def test_a_release_newer_than_any_is_checked_against_the_newest_table(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Issue 33: a target after every known release (0.35 today) is checked against the newest shipped
+    table, and the verdict says so; an option that newest release refuses is refused."""
+    monkeypatch.setattr(vllm_options, "installed_vllm_version", lambda: "0.32.0+cpu")
+    no_live_parser(monkeypatch)
+    newest = SUPPORTED_VLLM_RELEASES[-1]
+    verdict = vllm_options.check_serve_argv([*BASE], tmp_path, vllm_version=NEXT_RELEASE)
+    assert verdict.vllm_version == newest
+    assert verdict.how.startswith(vllm_options.NEWEST_TABLE_HOW) and NEXT_RELEASE in verdict.how
+    with pytest.raises(ArgvRejected, match="--no-such-option"):
+        vllm_options.check_serve_argv([*BASE, "--no-such-option"], tmp_path, vllm_version=NEXT_RELEASE)
 
 
 def test_the_installed_release_without_a_table_uses_its_own_parser(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(vllm_options, "installed_vllm_version", lambda: "0.34.0")
-    monkeypatch.setattr(vllm_options, "build_table", lambda: fake_table("0.34.0"))
-    verdict = vllm_options.check_serve_argv([*BASE, "--port", "1"], tmp_path, vllm_version="0.34.0")
-    assert (verdict.vllm_version, verdict.how) == ("0.34.0", "cached option table")
+    monkeypatch.setattr(vllm_options, "installed_vllm_version", lambda: NEXT_RELEASE)
+    monkeypatch.setattr(vllm_options, "build_table", lambda: fake_table(NEXT_RELEASE))
+    verdict = vllm_options.check_serve_argv([*BASE, "--port", "1"], tmp_path, vllm_version=NEXT_RELEASE)
+    assert (verdict.vllm_version, verdict.how) == (NEXT_RELEASE, "cached option table")
 
 
 def test_known_flags_and_env_vars_per_release() -> None:
-    assert SUPPORTED_VLLM_RELEASES == ("0.32.0", "0.33.0")
+    assert SUPPORTED_VLLM_RELEASES[:3] == ("0.32.0", "0.33.0", "0.34.0")
     new_in_033 = {"--reasoning-effort-map", "--disable-lora", "--enable-uvicorn-access-log"}
     flags_033 = vllm_options.known_serve_flags("0.33.0")
     flags_032 = vllm_options.known_serve_flags("0.32.0+cpu")
@@ -388,10 +405,11 @@ def test_known_flags_and_env_vars_per_release() -> None:
     assert "--no-port" not in flags_033
     for release in SUPPORTED_VLLM_RELEASES:
         names = vllm_options.known_env_vars(release)
-        assert {"VLLM_USE_V2_MODEL_RUNNER", "VLLM_TARGET_DEVICE", "VLLM_COMPUTE_NANS_IN_LOGITS"} <= names
+        assert {"VLLM_TARGET_DEVICE", "VLLM_COMPUTE_NANS_IN_LOGITS"} <= names
+        assert ("VLLM_USE_V2_MODEL_RUNNER" in names) is (release < "0.34.0")  # 0.34 removed the V1 runner
         assert len(names) > 250 and all(n.isupper() for n in names)
-    with pytest.raises(vllm_options.OptionTableUnavailable, match=r"0\.34\.0"):
-        vllm_options.known_serve_flags("0.34.0")
+    with pytest.raises(vllm_options.OptionTableUnavailable, match=NEXT_RELEASE.replace(".", r"\.")):
+        vllm_options.known_serve_flags(NEXT_RELEASE)
     with pytest.raises(vllm_options.OptionTableUnavailable, match=r"0\.31\.0"):
         vllm_options.known_env_vars("0.31.0")
 

@@ -22,6 +22,7 @@ fi
 # version  wheel file  sha256 (PyPI's, checked by pip --require-hashes)
 RELEASES=(
   "0.33.0 vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl 4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa"
+  "0.34.0 vllm-0.34.0-cp38-abi3-manylinux_2_28_x86_64.whl 79ca4b3cd74aec08c4bf476bdf0cb15735b605ae5368526a2faae1e30f044ca2"
 )
 
 if [ -n "${DEPLOYKIT_VLLM_SOURCES_DIR:-}" ]; then

@@ -2,8 +2,9 @@
 serves a batch, and the check that vLLM still has the pieces it patches (the layout of the vLLM this fix was
 written for, 0.32-0.33).
 
-Imported only on demand (it imports vLLM): by `deploykit.fixes.penalties` for the target check and by the
-processor when it engages.
+Imported on demand, by `deploykit.fixes.penalties` for the target check and by the processor when it
+engages; vLLM is imported inside the functions only, so that a vLLM without the V1 pieces (0.34 removed
+them) gets a "target missing" row, never a ModuleNotFoundError.
 """
 
 from __future__ import annotations
@@ -12,14 +13,32 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
-from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
-
-from deploykit.fixes.base import TargetCheck, TargetStatus, upstream_guard
+from deploykit.fixes.base import TargetCheck, TargetStatus, target_missing, upstream_guard
 
 FIX_NAME = "device_penalties"
+TARGET = "vllm.v1.worker.gpu_input_batch.InputBatch.no_penalties"
 STANDS_IN_MARKER = "deploykit_stands_in_for_host_penalties"
 """Class attribute of a logits processor that applies the penalties itself: an engaged one makes the host
 path stand aside (an attribute, not an isinstance check: this module never imports the processor)."""
+
+
+V1_MODULES = (
+    "vllm.v1.sample.sampler",
+    "vllm.v1.sample.logits_processor",
+    "vllm.v1.sample.metadata",
+    "vllm.v1.sample.ops.penalties",
+    "vllm.v1.worker.gpu_input_batch",
+)
+"""The V1 modules the patch and the processor need, each located (not imported) by the target check."""
+
+
+def _module_exists(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:  # a parent package is gone
+        return False
 
 
 @dataclass
@@ -33,14 +52,18 @@ _STAND_ASIDE = _StandAside()
 
 def check_target() -> TargetCheck:
     """Does the installed vLLM have the V1 pieces we patch, in the shape we expect?"""
-    target = "vllm.v1.worker.gpu_input_batch.InputBatch.no_penalties"
+    target = TARGET
+    gone = [name for name in V1_MODULES if not _module_exists(name)]
+    if gone:  # 0.34 deleted the V1 runner, its sampler and the logits-processor package
+        return target_missing(target, f"the V1 model runner's penalty path: {', '.join(gone)} gone")
     try:
         from vllm.v1.sample import sampler as sampler_module
+        from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
         from vllm.v1.sample.metadata import SamplingMetadata
         from vllm.v1.sample.ops import penalties as penalties_ops
         from vllm.v1.worker import gpu_input_batch
     except ImportError as exc:
-        return TargetCheck(status=TargetStatus.TARGET_MISSING, target=target, detail=f"import failed: {exc}")
+        return target_missing(target, f"the V1 model runner's penalty path: import failed: {exc}")
 
     problems: list[str] = []
     input_batch = getattr(gpu_input_batch, "InputBatch", None)
@@ -75,7 +98,7 @@ def check_target() -> TargetCheck:
     if host_path is None:
         problems.append("vllm.v1.sample.ops.penalties.apply_all_penalties is gone")
     if problems:
-        return TargetCheck(status=TargetStatus.TARGET_MISSING, target=target, detail="; ".join(problems))
+        return target_missing(target, "; ".join(problems))
 
     assert host_path is not None
     output_param = inspect.signature(host_path).parameters.get("output_token_ids")

@@ -35,6 +35,9 @@ class FixDecision(BaseModel):
 
 
 TURNED_OFF = "turned off by the profile"
+OBSOLETE_PREFIX = "obsolete from vLLM "
+"""How a decision's reason starts when the target vLLM removed what the fix patches (plan names such a
+fix nowhere as "unchecked": a release that removed its target has been read)."""
 
 
 def decision_maker(name: str, mode: FixMode) -> Callable[[Decision, str], FixDecision]:
@@ -49,7 +52,7 @@ def decision_maker(name: str, mode: FixMode) -> Callable[[Decision, str], FixDec
 class TargetStatus(StrEnum):
     APPLICABLE = "applicable"
     FIXED_UPSTREAM = "fixed_upstream"
-    TARGET_MISSING = "target_missing"
+    TARGET_MISSING = "target_missing"  # detail: "target missing in vLLM X: <what>" (target_missing())
     VLLM_MISSING = "vllm_missing"
 
 
@@ -75,6 +78,16 @@ class DecisionInputs(BaseModel):
     penalties_expected: bool = False
     model_runner: str = Field(default="auto", description="auto, v1 or v2: the profile's runner choice")
     platform: str = Field(default="cuda", description="cuda or cpu: which vLLM build the deployment runs")
+
+
+def target_missing(target: str, what: str) -> TargetCheck:
+    """The one way a fix reports that the installed vLLM lacks what it patches: a row in `deploykit
+    fixes` and `plan`, and (through upstream_guard) one line naming the fix and version inside vLLM."""
+    return TargetCheck(
+        status=TargetStatus.TARGET_MISSING,
+        target=target,
+        detail=f"target missing in vLLM {vllm_version_label()}: {what}",
+    )
 
 
 def effective_runner(inputs: DecisionInputs) -> str:

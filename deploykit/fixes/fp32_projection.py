@@ -26,6 +26,7 @@ from deploykit.fixes.base import (
     TargetCheck,
     TargetStatus,
     decision_maker,
+    target_missing,
     upstream_guard,
 )
 from deploykit.installed import vllm_version_label
@@ -138,6 +139,8 @@ def trace_suggestion(
 
 
 def _check(status: TargetStatus, detail: str) -> TargetCheck:
+    if status is TargetStatus.TARGET_MISSING:
+        return target_missing(TARGET, detail)
     return TargetCheck(status=status, target=TARGET, detail=detail)
 
 

@@ -25,6 +25,7 @@ from deploykit.fixes.base import (
     TargetCheck,
     TargetStatus,
     decision_maker,
+    target_missing,
     upstream_guard,
 )
 from deploykit.installed import installed_vllm_version, vllm_version_label
@@ -396,15 +397,13 @@ def check_target() -> TargetCheck:
         qualname = _wrapper_qualname()
         cls = _resolve(qualname)
     except Exception as exc:  # any import or lookup failure means the target is not what we know
-        return TargetCheck(
-            status=TargetStatus.TARGET_MISSING,
-            target=PATCHES,
-            detail=f"cannot resolve the platform's punica wrapper: {type(exc).__name__}: {exc}",
+        return target_missing(
+            PATCHES, f"cannot resolve the platform's punica wrapper: {type(exc).__name__}: {exc}"
         )
     target = f"{qualname}.add_lora_linear"
     problems = _shape_problems(cls)
     if problems:
-        return TargetCheck(status=TargetStatus.TARGET_MISSING, target=target, detail="; ".join(problems))
+        return target_missing(target, "; ".join(problems))
     source = _gpu_wrapper_source()
     if source is not None and triton_buffer_is_zeroed(source):
         return TargetCheck(

@@ -2,6 +2,10 @@
 
 See docs/fixes/device-penalties.md. The decision rule is pure; the processor class needs vLLM and torch
 and is built on first access (`deploykit.fixes.penalties:DevicePenaltiesProcessor`).
+
+Obsolete from vLLM 0.34, which deleted the V1 model runner and with it everything this fix patches and
+plugs into (the V1 sampler's host penalty path, vllm.v1.sample.logits_processor): the V2 runner, the only
+one left, keeps penalty state on the device (the `v2-penalty-table` advisory says what that costs).
 """
 
 from __future__ import annotations
@@ -11,10 +15,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from deploykit.fixes.base import (
+    OBSOLETE_PREFIX,
     TURNED_OFF,
     Decision,
     DecisionInputs,
     FixDecision,
+    FixError,
     FixMode,
     TargetCheck,
     TargetStatus,
@@ -22,6 +28,7 @@ from deploykit.fixes.base import (
     effective_runner,
     upstream_guard,
 )
+from deploykit.vllm_compat import V1_RUNNER_REMOVED_IN, release_label, v1_runner_removed
 
 if TYPE_CHECKING:
     from deploykit.trace_records import HeaderLine, ModuleLine
@@ -37,8 +44,13 @@ def decide(inputs: DecisionInputs, mode: FixMode) -> FixDecision:
     result = decision_maker(NAME, mode)
     if mode is FixMode.OFF:
         return result(Decision.NOT_NEEDED, TURNED_OFF)
-    runner = effective_runner(inputs)
     version = inputs.vllm_version or "unknown"
+    if v1_runner_removed(inputs.vllm_version):
+        why = obsolete_reason(version)
+        if mode is FixMode.ON:
+            return result(Decision.IMPOSSIBLE, f"forced on, but it is {why}")
+        return result(Decision.NOT_NEEDED, why)
+    runner = effective_runner(inputs)
     if runner == "v2":
         why = (
             f"vLLM {version} runs the V2 model runner here, which keeps penalty state on the device and "
@@ -57,6 +69,16 @@ def decide(inputs: DecisionInputs, mode: FixMode) -> FixDecision:
         Decision.ENABLED,
         f"penalties expected and vLLM {version} runs the V1 model runner, which rebuilds penalty inputs "
         "on the host every step",
+    )
+
+
+def obsolete_reason(version: str) -> str:
+    """Why the fix stands aside on a vLLM without the V1 runner (the reason starts with OBSOLETE_PREFIX)."""
+    removed = release_label(V1_RUNNER_REMOVED_IN)
+    return (
+        f"{OBSOLETE_PREFIX}{removed}: vLLM {version} has no V1 model runner (removed in {removed}), so "
+        "neither the host penalty path this fix replaces nor the interface it plugs into exists; the V2 "
+        "runner keeps penalty state on the device (see the v2-penalty-table advisory)"
     )
 
 
@@ -100,6 +122,9 @@ def apply() -> str:
 def __getattr__(name: str) -> Any:
     # PEP 562: `deploykit.fixes.penalties:DevicePenaltiesProcessor` loads torch and vLLM only when asked.
     if name == "DevicePenaltiesProcessor":
+        check = check_target()  # never a ModuleNotFoundError from a vLLM without the V1 interface
+        if check.status in (TargetStatus.TARGET_MISSING, TargetStatus.VLLM_MISSING):
+            raise FixError(f"deploykit fix {NAME}: DevicePenaltiesProcessor cannot load: {check.detail}")
         from deploykit.fixes._penalties_processor import DevicePenaltiesProcessor
 
         return DevicePenaltiesProcessor

@@ -17,10 +17,26 @@ import re
 from importlib import resources
 from typing import Any
 
-# The releases a table is shipped for; tests/test_vllm_options.py holds this to the files in this folder
-# and to the tested range (deploykit.vllm_compat.TESTED_VLLM).
-SUPPORTED_VLLM_RELEASES: tuple[str, ...] = ("0.32.0", "0.33.0")
 SHIPPED_SCHEMA = 1  # the shape of a release file around its option table (which carries its own schema)
+_FILE = re.compile(r"^vllm-(\d+\.\d+\.\d+)\.json$")
+
+
+def _release_key(release: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in release.split("."))
+
+
+def _shipped_files() -> tuple[str, ...]:
+    """The releases whose file is in this folder, oldest first: adding a release is adding its file
+    (`make vllm-release VERSION=X` writes it), never editing a list."""
+    names = (entry.name for entry in resources.files(__name__).iterdir())
+    found = (match.group(1) for match in map(_FILE.match, names) if match)
+    return tuple(sorted(found, key=_release_key))
+
+
+# The releases a table is shipped for, oldest first; tests/test_vllm_compat.py holds this to the tested
+# range (deploykit.vllm_compat.TESTED_VLLM).
+SUPPORTED_VLLM_RELEASES: tuple[str, ...] = _shipped_files()
+NEWEST_KNOWN_RELEASE: str = SUPPORTED_VLLM_RELEASES[-1]
 
 
 def release_of(version: str | None) -> str | None:
@@ -38,6 +54,15 @@ def release_of(version: str | None) -> str | None:
         if [int(p) for p in release.split(".")] == parts:
             return release
     return None
+
+
+def newer_than_known(version: str | None) -> bool:
+    """True when `version` is a release after every shipped one (`0.35.0` while 0.34.0 is the newest):
+    nothing about it has been read; plans use the newest table and say so."""
+    from deploykit.vllm_compat import parse_version
+
+    parsed = parse_version(version)
+    return parsed is not None and parsed > parse_version(NEWEST_KNOWN_RELEASE)  # type: ignore[operator]
 
 
 def file_name(release: str) -> str:
@@ -72,3 +97,27 @@ def shipped_env_vars(version: str | None) -> frozenset[str] | None:
 def shipped_source_facts(version: str | None) -> dict[str, Any] | None:
     data = shipped_release(version)
     return None if data is None else dict(data["source_facts"])
+
+
+def env_vars_removed_by(version: str | None) -> dict[str, str]:
+    """The variables some shipped release up to `version` defined that the newest shipped release up to
+    it no longer does, each with the first release that dropped it (`VLLM_USE_V2_MODEL_RUNNER` → `0.34.0`
+    for a 0.34 or 0.35 target). Empty for an unreadable version."""
+    from deploykit.vllm_compat import parse_version
+
+    parsed = parse_version(version)
+    if parsed is None:
+        return {}
+    removed: dict[str, str] = {}
+    previous: frozenset[str] | None = None
+    for release in SUPPORTED_VLLM_RELEASES:
+        if _release_key(release) > parsed:
+            break
+        names = frozenset(_read(release)["env_vars"])
+        if previous is not None:
+            for name in previous - names:
+                removed.setdefault(name, release)
+        for name in names:
+            removed.pop(name, None)
+        previous = names
+    return removed

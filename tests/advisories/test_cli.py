@@ -27,11 +27,17 @@ HOPPER = {"h100", "h100x8", "h20", "h200"}
 #   LoRA path the fix also corrects (slot -1 read as the last adapter; docs/status.md).
 #   penalties-high-concurrency: penalties on the V1 runner it selects: device_penalties on every machine,
 #   the CPU build's (which runs V1 too) included.
+#   v2-penalty-table (issue 33: every V2 target, with its MiB): the two V2 profiles whose model's vocab is
+#   known (gemma4-turing, qwen-lora-hopper) on every CUDA machine; penalties-high-concurrency runs V1.
 # No workaround advisory meets a shipped profile: they name no FP8 KV cache, no backend, no speculative
-# decoding, and their hub models' vocab is unknown (v2-penalty-table stays unknown).
+# decoding.
+CUDA = {facts for facts in FACTS if facts != "no-gpu"}
 EXPECTED: dict[tuple[str, str], set[str]] = {
-    **{(facts, "gemma4-turing"): {"fp32-projection"} for facts in NO_BF16},
-    **{(facts, "qwen-lora-hopper"): {"matmul-lora"} for facts in HOPPER | {"no-gpu"}},
+    **{(facts, "gemma4-turing"): {"v2-penalty-table"} for facts in CUDA},
+    **{(facts, "gemma4-turing"): {"fp32-projection", "v2-penalty-table"} for facts in NO_BF16},
+    **{(facts, "qwen-lora-hopper"): {"v2-penalty-table"} for facts in CUDA},
+    **{(facts, "qwen-lora-hopper"): {"matmul-lora", "v2-penalty-table"} for facts in HOPPER},
+    ("no-gpu", "qwen-lora-hopper"): {"matmul-lora"},
     **{(facts, "penalties-high-concurrency"): {"device-penalties"} for facts in FACTS},
 }
 

@@ -17,6 +17,7 @@ import pytest
 from deploykit.fixes import matmul_lora
 from deploykit.fixes.base import Decision, DecisionInputs, FixMode
 from deploykit.probe.facts import ProbeFacts
+from tests.vllm_releases.releases import NEXT_RELEASE
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -118,7 +119,7 @@ def test_the_cpu_rule_follows_the_release_source(version: str, decision: Decisio
 
 def test_an_unknown_release_keeps_the_cpu_fix_on_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(matmul_lora, "installed_vllm_version", lambda: "0.32.0+cpu")
-    made = matmul_lora.decide(inputs("0.34.0"), FixMode.AUTO)
+    made = matmul_lora.decide(inputs(NEXT_RELEASE), FixMode.AUTO)
     assert made.decision is Decision.ENABLED and "source unknown" in made.reason
 
 

@@ -45,3 +45,15 @@ def vllm_root() -> Path:
 
 def in_child() -> bool:
     return os.environ.get(CHILD_ENV) == "1"
+
+
+def next_release() -> str:
+    """The release after the newest one deploykit ships a table for (0.35.0 while 0.34.0 is the newest):
+    the tests' "not known, outside the range" version, so adding a release edits none of them."""
+    from deploykit.vllm_tables import NEWEST_KNOWN_RELEASE
+
+    major, minor, _ = (int(part) for part in NEWEST_KNOWN_RELEASE.split("."))
+    return f"{major}.{minor + 1}.0"
+
+
+NEXT_RELEASE = next_release()
