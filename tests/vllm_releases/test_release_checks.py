@@ -38,6 +38,14 @@ EXPECTED: dict[str, dict[str, Any]] = {
         matmul_lora.CPU_OPS_MASK_NO_ADAPTER: True,  # clamp(min=0) … masked_fill(no_lora_mask, 0)
         matmul_lora.EXPAND_SM90_SINGLE_STAGE: True,  # NUM_STAGES = 1 on sm90 (triton-lang/triton#9433)
     },
+    "0.34.0": {
+        "parser_module": "vllm.entrypoints.common.cli_args",
+        # lora/ops/torch_ops and the Triton LoRA kernels are byte-identical to 0.33's
+        matmul_lora.CPU_OPS_MASK_NO_ADAPTER: True,
+        matmul_lora.EXPAND_SM90_SINGLE_STAGE: True,
+        # the V1 runner, its sampler and vllm.v1.sample.logits_processor are deleted
+        "gone": {"device_penalties"},
+    },
 }
 EXPECT_ENV = "DEPLOYKIT_EXPECT_VLLM_RELEASE"  # set by test_every_release.py for its child run
 
@@ -73,16 +81,38 @@ def test_the_shipped_env_vars_are_this_releases() -> None:
     assert data["option_table"]["parser_module"] == EXPECTED[release()]["parser_module"]
 
 
-def test_every_fix_target_is_applicable() -> None:
-    """fp32_projection's target imports transformers' Gemma4 Unified processor, which needs torchvision:
-    the tests' copy kept outside the venv is put on the path first (tests/e2e/gemma4_models.py)."""
+def test_every_fix_target_is_as_the_release_has_it() -> None:
+    """Applicable, or (a target the release deleted) "target missing in vLLM X: <what>", never an import
+    error. fp32_projection's target imports transformers' Gemma4 Unified processor, which needs
+    torchvision: the tests' copy kept outside the venv is put on the path first (tests/e2e/gemma4_models)."""
     from tests.e2e.gemma4_models import make_gemma4_unified_importable
 
     make_gemma4_unified_importable()
+    gone = EXPECTED[release()].get("gone", set())
     checks = {name: load_fix(name).check_target() for name in FIX_NAMES}
-    assert {name: check.status for name, check in checks.items()} == dict.fromkeys(
-        FIX_NAMES, TargetStatus.APPLICABLE
-    ), {name: check.detail for name, check in checks.items()}
+    assert {name: check.status for name, check in checks.items()} == {
+        name: TargetStatus.TARGET_MISSING if name in gone else TargetStatus.APPLICABLE for name in FIX_NAMES
+    }, {name: check.detail for name, check in checks.items()}
+    for name in gone:
+        assert checks[name].detail.startswith(f"target missing in vLLM {installed_vllm_version()}: ")
+
+
+def test_a_fix_whose_target_is_gone_stops_vllm_with_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside vLLM (the plugin's register()): one FixError naming the fix and the version, never a bare
+    ModuleNotFoundError; and `deploykit fixes` has a row for every fix."""
+    from deploykit.fixes.base import FixError
+    from deploykit.fixes.status import fix_statuses
+    from deploykit.plugin_contract import FIXES_ENV
+    from deploykit.vllm_plugin import entry
+
+    rows = fix_statuses()
+    assert [row.name for row in rows] == list(FIX_NAMES)
+    for name in EXPECTED[release()].get("gone", set()):
+        monkeypatch.setenv(FIXES_ENV, name)
+        with pytest.raises(FixError) as caught:
+            entry.register()
+        message = str(caught.value)
+        assert "\n" not in message and name in message and f"vLLM {installed_vllm_version()}" in message
 
 
 def lora_inputs(gpu: str | None, platform: str) -> DecisionInputs:
