@@ -25,7 +25,6 @@ import argparse
 import difflib
 import hashlib
 import json
-import os
 import re
 import subprocess
 import sys
@@ -76,7 +75,9 @@ def _key(release: str) -> tuple[int, ...]:
 
 
 def pinned() -> dict[str, tuple[str, str]]:
-    lines = [line.split() for line in PINS.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    lines = [
+        line.split() for line in PINS.read_text().splitlines() if line.strip() and not line.startswith("#")
+    ]
     return {version: (wheel, sha) for version, wheel, sha in lines}
 
 
@@ -150,8 +151,12 @@ def fix_target_rows(previous: Path | None, new: Path) -> list[str]:
                 continue
             old, now = (previous / relative).read_text(), (new / relative).read_text()
             if old != now:
-                diff = list(difflib.unified_diff(old.splitlines(), now.splitlines(), relative, relative, lineterm=""))
-                shown = diff[:DIFF_LINES] + ([f"... {len(diff) - DIFF_LINES} more lines"] if len(diff) > DIFF_LINES else [])
+                diff = list(
+                    difflib.unified_diff(old.splitlines(), now.splitlines(), relative, relative, lineterm="")
+                )
+                shown = diff[:DIFF_LINES] + (
+                    [f"... {len(diff) - DIFF_LINES} more lines"] if len(diff) > DIFF_LINES else []
+                )
                 changed.append(f"  - {relative}:\n\n```diff\n" + "\n".join(shown) + "\n```")
         partly = f"; missing: {', '.join(gone)}" if gone else ""
         if changed:
@@ -168,9 +173,13 @@ def env_rows(data: dict[str, Any], new: Path) -> list[str]:
         if name in names:
             continue
         still = sorted(
-            str(p.relative_to(new)) for p in (new / "vllm").rglob("*.py") if name in p.read_text(errors="replace")
+            str(p.relative_to(new))
+            for p in (new / "vllm").rglob("*.py")
+            if name in p.read_text(errors="replace")
         )
-        rows.append(f"- `{name}`: not defined by its vllm/envs.py; still named in: {', '.join(still) or 'nothing'}")
+        rows.append(
+            f"- `{name}`: not defined by its vllm/envs.py; still named in: {', '.join(still) or 'nothing'}"
+        )
     return rows or ["- none: every variable deploykit writes is still defined"]
 
 
@@ -179,7 +188,9 @@ def metric_rows(new: Path) -> list[str]:
 
     short = NAN_COUNTER.split(":", 1)[1]
     where = sorted(
-        str(p.relative_to(new)) for p in (new / "vllm").rglob("*.py") if short in p.read_text(errors="replace")
+        str(p.relative_to(new))
+        for p in (new / "vllm").rglob("*.py")
+        if short in p.read_text(errors="replace")
     )
     if where:
         return [f"- none: `{NAN_COUNTER}` is still exported ({', '.join(where)})"]
@@ -196,11 +207,10 @@ def option_rows(previous: dict[str, Any] | None, data: dict[str, Any]) -> list[s
     old, new = by_dest(previous), by_dest(data)
     rows = [f"- added: `{' '.join(new[d]['options'])}`" for d in sorted(set(new) - set(old))]
     rows += [f"- removed: `{' '.join(old[d]['options'])}`" for d in sorted(set(old) - set(new))]
-    rows += [
-        f"- changed: `{' '.join(new[d]['options'])}` ({', '.join(k for k in sorted(new[d]) if new[d].get(k) != old[d].get(k))})"
-        for d in sorted(set(old) & set(new))
-        if old[d] != new[d]
-    ]
+    for dest in sorted(set(old) & set(new)):
+        what = [key for key in sorted(new[dest]) if new[dest].get(key) != old[dest].get(key)]
+        if what:
+            rows.append(f"- changed: `{' '.join(new[dest]['options'])}` ({', '.join(what)})")
     return rows or ["- none"]
 
 
@@ -236,7 +246,9 @@ def report(release: str, cache: Path) -> str:
         ("Advisories whose fixed-in version it reaches", advisory_rows(previous_release, release)),
     ]
     out = [f"# vLLM {release}: what `make vllm-release VERSION={release}` found", ""]
-    out.append(f"Written by tools/vllm_release.py from the wheel pinned in tools/vllm-wheels.txt; do not edit.")
+    out.append(
+        "Written by tools/vllm_release.py from the wheel pinned in tools/vllm-wheels.txt; do not edit."
+    )
     for title, rows in sections:
         out += ["", f"## {title}", "", *rows]
     return "\n".join(out) + "\n"
@@ -251,14 +263,15 @@ def vllm_tables_releases() -> list[str]:
 
 
 def run_tier(release: str, cache: Path) -> str:
-    from tests.vllm_releases.releases import CHILD_ENV
+    from tests.vllm_releases.releases import CHILD_ENV, CHILD_PLUGIN
     from tests.vllm_releases.test_every_release import MODULES
     from tests.vllm_releases.test_release_checks import EXPECT_ENV
 
     env = vllm_tables.release_env(release, cache)
     env.update({CHILD_ENV: "1", EXPECT_ENV: release, "PYTHONWARNINGS": "ignore"})
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not e2e", *MODULES],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", CHILD_PLUGIN,
+         "-m", "not e2e", *MODULES],
         cwd=REPO, env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
     lines = done.stdout.strip().splitlines()
@@ -266,11 +279,14 @@ def run_tier(release: str, cache: Path) -> str:
     return "\n".join([f"tier over vLLM {release}: {lines[-1] if lines else done.stderr[-500:]}", *failures])
 
 
-def widen(release: str) -> None:
+RANGE_FILES = (REPO / "deploykit" / "vllm_compat.py", REPO / "pyproject.toml")
+
+
+def widen(release: str, files: tuple[Path, ...] = RANGE_FILES) -> None:
     """Make `release` the top of TESTED_VLLM and the extras (the decision a person takes)."""
     major, minor, _ = _key(release)
     bound = f"<{major}.{minor + 1}"
-    for path in (REPO / "deploykit" / "vllm_compat.py", REPO / "pyproject.toml"):
+    for path in files:
         text = path.read_text()
         path.write_text(re.sub(r'(>=0\.\d+,)<\d+\.\d+(")', rf"\g<1>{bound}\g<2>", text))
 
@@ -300,7 +316,7 @@ def main(argv: list[str]) -> int:
     from deploykit.vllm_compat import version_in_range
 
     if not version_in_range(args.version):
-        print(f"\nvLLM {args.version} is outside TESTED_VLLM: widen it (deploykit/vllm_compat.py) when the tier passes")
+        print(f"\nvLLM {args.version} is outside TESTED_VLLM: widen it (--widen) once the tier passes")
     return 0
 
 

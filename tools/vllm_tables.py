@@ -9,8 +9,8 @@ any other from the Python sources of its PyPI wheel (tools/fetch-vllm-sources.sh
 with VLLM_TARGET_DEVICE=cpu, over the CPU build's torch. That is enough to build vLLM's argument parser and
 read its source; nothing here runs a kernel, and no engine config is built: the table comes from the parser
 alone (vllm_args.option_table), so 0.34's refusal to build a config on an x86 CPU without an active Triton
-driver (vllm/platforms/cpu.py; 0.33 only warned) never meets it. The parser is built on vLLM's CPU platform: an option whose
-choices depend on the platform is recorded as the CPU platform offers it.
+driver (vllm/platforms/cpu.py; 0.33 only warned) never meets it. The parser is built on vLLM's CPU
+platform: an option whose choices depend on the platform is recorded as the CPU platform offers it.
 """
 
 from __future__ import annotations

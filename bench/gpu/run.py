@@ -12,7 +12,9 @@ torch.compile and a CUDA graph; punica's Triton ops on zero weights; timings; an
 carried vLLM release, 0.32 and 0.33, at the #48590 / #47869 shapes, each release in its own process, so the
 first GPU run answers whether 0.33's sm90 guard makes the fix unnecessary), penalties (the processor vs
 vLLM's apply_all_penalties over random batch updates; per-step time vs vLLM V1, the V2 kernel and one logits
-copy), fp32_projection (vLLM's Gemma4 Unified embedder in FP16: non-finite without the fix, finite with it).
+copy), fp32_projection (vLLM's Gemma4 Unified embedder in FP16: non-finite without the fix, finite with it),
+v2_penalties (issue 33, vLLM 0.34's V2 runner, the only one left: the per-token decode time with and without
+sampling penalties at 8, 32 and 64 concurrent users, and the memory its dense penalty table takes).
 """
 
 from __future__ import annotations
@@ -40,10 +42,17 @@ for path in (str(REPO), str(HERE)):
 import carry  # noqa: E402
 
 FIXTURE = REPO / "tests" / "fixtures" / "facts" / "h200.json"
-STEPS = ("probe", "matmul_lora", "penalties", "fp32_projection")
-# Seconds per step on the device (the sum stays under 8 minutes with start-up); the dry run gets less.
-STEP_LIMIT_S = {"probe": 60, "matmul_lora": 220, "penalties": 130, "fp32_projection": 90}
-DRY_LIMIT_S = {"probe": 60, "matmul_lora": 270, "penalties": 150, "fp32_projection": 150}
+STEPS = ("probe", "matmul_lora", "penalties", "fp32_projection", "v2_penalties")
+# Seconds per step on the device: 560 s in all at most, so the call (timeout_s 600) and the machine's
+# start-up stay well inside 15 minutes of device time; the dry run gets its own.
+STEP_LIMIT_S = {"probe": 60, "matmul_lora": 220, "penalties": 130, "fp32_projection": 90, "v2_penalties": 60}
+DRY_LIMIT_S = {"probe": 60, "matmul_lora": 270, "penalties": 150, "fp32_projection": 150, "v2_penalties": 90}
+# The V2 penalties measurement (issue 33): the release whose V2 runner is the only one, the concurrent
+# users measured, and the sizes of a Llama-3-8B step (hidden 4096, vocab 128256).
+V2_RELEASE = "0.34.0"
+V2_USERS = (8, 32, 64)
+V2_TABLE_ROWS = (64, 256, 1024)  # max_num_seqs whose penalty table is allocated and measured
+V2_HIDDEN, V2_VOCAB = 4096, 128_256
 # Stock punica per vLLM release (matmul_lora step): 0.32 from `.gpu-carry/vllm`, each other release from
 # `.gpu-carry/releases/vllm-<release>.tar.xz` (`run.py --pack-release`; its .py sources, no compiled code).
 RELEASES_DIR = REPO / ".gpu-carry" / "releases"
@@ -548,6 +557,7 @@ def step_matmul_lora_releases(step: Step, out: Path) -> None:
             step.errors[f"punica_{release}"] = tail
             continue
         record = json.loads(target.read_text())
+        target.unlink()  # its content is in matmul_lora.json: the files that come back stay within 8
         step.data["punica_releases"][release] = record
         step.check(f"punica_{release}_imports", record.get("imports"))
         for name, reason in record.get("skipped", {}).items():
@@ -1018,24 +1028,195 @@ def step_fp32_projection(step: Step, out: Path) -> None:
 # Driver
 # --------------------------------------------------------------------------------------------------
 
+# --------------------------------------------------------------------------------------------------
+# 5. the V2 runner's penalties (vLLM 0.34)
+# --------------------------------------------------------------------------------------------------
+
+
+def step_v2_penalties(step: Step, out: Path) -> None:
+    """vLLM 0.34's V2 penalty path in its own process (its sources, carried with --pack-release 0.34.0)."""
+    if V2_RELEASE not in carried_releases():
+        step.skip("v2_penalties_imports", f"vLLM {V2_RELEASE}'s sources are not carried (--pack-release)")
+        return
+    command = [sys.executable, str(Path(__file__).resolve()), "--v2-penalties", V2_RELEASE]
+    command += ["--out", str(out)]
+    if step.dry_run:
+        command.append("--dry-run")
+    target = out / f"v2-penalties-{V2_RELEASE}.json"
+    target.unlink(missing_ok=True)
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=STEP_LIMIT_S["v2_penalties"] - 5, cwd=REPO
+        )
+        tail = (done.stdout + done.stderr)[-1500:]
+    except subprocess.TimeoutExpired:
+        tail = "timed out"
+    if not target.exists():
+        step.errors["v2_penalties"] = tail
+        return
+    record = json.loads(target.read_text())
+    target.unlink()  # its content is in v2_penalties.json: the files that come back stay within 8
+    step.data["v2_penalties"] = record
+    step.check("v2_penalties_imports", record.get("imports"))
+    for name, reason in record.get("skipped", {}).items():
+        step.skip(name, reason)
+    if record.get("error"):
+        step.errors["v2_penalties"] = record["error"]
+    table = record.get("table") or []
+    if table:
+        step.check(
+            "v2_table_measured_matches_int32_rows_x_vocab", all(row["matches_formula"] for row in table)
+        )
+
+
+def v2_table_formula_mib(rows: int, vocab: int) -> float:
+    """int32[rows, vocab] output bin counts + int32[rows, ceil(vocab / 32)] prompt bitmask (0.34's
+    PenaltiesState.__init__), the figure deploykit's v2-penalty-table advisory states."""
+    return 4 * rows * (vocab + -(-vocab // 32)) / 2**20
+
+
+def v2_penalties_main(release: str, out: Path, dry_run: bool) -> int:
+    """In its own process: import `release`'s V2 penalty module from its carried sources and, on a GPU,
+    measure its table and its per-step cost. Writes out/v2-penalties-<release>.json."""
+    import tarfile
+    import tempfile
+
+    record: dict[str, Any] = {"release": release, "imports": None, "skipped": {}}
+    unpacked: Path | None = None
+    try:
+        source = carried_releases()[release]
+        if source.is_file():
+            unpacked = Path(tempfile.mkdtemp(prefix=f"vllm-{release}-"))
+            with tarfile.open(source) as archive:
+                archive.extractall(unpacked, filter="data")
+            source = unpacked
+        record["carry"] = carry.setup(simulate_bare=dry_run, carry=source)
+        from vllm.v1.worker.gpu.sample import penalties as v2
+
+        record["imports"] = True
+        record["carry"].update(carry.report())
+        record["environment"] = environment()
+        import torch
+
+        if dry_run or not torch.cuda.is_available():
+            reason = "the V2 penalty kernel is Triton on CUDA"
+            record["skipped"]["v2_table_measured_matches_int32_rows_x_vocab"] = reason
+            record["skipped"]["v2_tpot_with_and_without_penalties"] = reason
+        else:
+            device = torch.device("cuda")
+            record["table"] = v2_table_rows(v2, device)
+            record["tpot"] = v2_tpot_rows(v2, device)
+    except Exception as exc:
+        record["error"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}"
+    (out / f"v2-penalties-{release}.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+    if unpacked is not None:
+        import shutil
+
+        shutil.rmtree(unpacked, ignore_errors=True)
+    return 0
+
+
+def v2_table_rows(v2: Any, device: Any) -> list[dict[str, Any]]:
+    """The table PenaltiesState allocates, measured by the allocator around its construction (its own
+    __init__ where it builds here, else the two tensors exactly as that __init__ allocates them)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    rows_out = []
+    for rows in V2_TABLE_ROWS:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_allocated(device)
+        how = "PenaltiesState.__init__"
+        try:
+            req_states = SimpleNamespace(device=device, max_num_reqs=rows, vocab_size=V2_VOCAB)
+            state: Any = v2.PenaltiesState(None, req_states)
+        except Exception as exc:  # UVA buffers need vLLM's compiled ops: allocate as its __init__ does
+            how = f"the two tensors of PenaltiesState.__init__ ({type(exc).__name__}: {str(exc)[:120]})"
+            state = (
+                torch.zeros(rows, -(-V2_VOCAB // 32), dtype=torch.int32, device=device),
+                torch.zeros(rows, V2_VOCAB, dtype=torch.int32, device=device),
+            )
+        torch.cuda.synchronize()
+        measured = (torch.cuda.memory_allocated(device) - before) / 2**20
+        formula = v2_table_formula_mib(rows, V2_VOCAB)
+        del state
+        rows_out.append({
+            "max_num_seqs": rows, "vocab": V2_VOCAB, "measured_mib": round(measured, 2),
+            "formula_mib": round(formula, 2), "matches_formula": abs(measured - formula) <= 2.0, "how": how,
+        })  # fmt: skip
+    return rows_out
+
+
+def v2_tpot_rows(v2: Any, device: Any) -> list[dict[str, Any]]:
+    """Per-token decode time of the part of a V2 step that penalties touch, with and without them, at each
+    number of concurrent users: the lm_head GEMM (bf16 [users, 4096] x [4096, 128256]) and the float32
+    logits it yields, then 0.34's apply_penalties over the dense table when every user sets penalties.
+    The rest of a step (attention, MLP) is the same either way; a served TPOT needs vLLM's compiled
+    kernels, which the device does not have (bench/gpu/README.md)."""
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(33)
+    weight = torch.randn(V2_VOCAB, V2_HIDDEN, device=device, dtype=torch.bfloat16, generator=gen) * 0.02
+    max_reqs = 256
+    prompt_mask = torch.zeros(max_reqs, -(-V2_VOCAB // 32), dtype=torch.int32, device=device)
+    counts = torch.randint(0, 3, (max_reqs, V2_VOCAB), dtype=torch.int32, device=device, generator=gen)
+    rep = torch.full((max_reqs,), 1.2, device=device)
+    freq = torch.full((max_reqs,), 0.5, device=device)
+    pres = torch.full((max_reqs,), 0.3, device=device)
+    table = (prompt_mask, counts, rep, freq, pres)
+    return [v2_tpot_row(v2, users, weight, table, gen) for users in V2_USERS]
+
+
+def v2_tpot_row(v2: Any, users: int, weight: Any, table: tuple[Any, ...], gen: Any) -> dict[str, Any]:
+    import torch
+
+    device = weight.device
+    prompt_mask, counts, rep, freq, pres = table
+    hidden = torch.randn(users, V2_HIDDEN, device=device, dtype=torch.bfloat16, generator=gen)
+    idx = torch.arange(users, dtype=torch.int32, device=device)
+    tokens = torch.randint(0, V2_VOCAB, (users,), dtype=torch.int64, device=device, generator=gen)
+    local_pos = torch.zeros(users, dtype=torch.int32, device=device)
+
+    def plain() -> Any:
+        return (hidden @ weight.T).float()
+
+    def penalised() -> Any:
+        logits = (hidden @ weight.T).float()
+        v2.apply_penalties(logits, idx, tokens, local_pos, rep, freq, pres, prompt_mask, counts)
+        return logits
+
+    without = cuda_ms(plain, repeats=50)
+    with_penalties = cuda_ms(penalised, repeats=50)
+    return {
+        "users": users,
+        "without_ms": round(without, 4),
+        "with_ms": round(with_penalties, 4),
+        "penalty_ms": round(with_penalties - without, 4),
+        "with_over_without": round(with_penalties / without, 3),
+    }
+
+
 STEP_FUNCTIONS: dict[str, Callable[[Step, Path], None]] = {
     "probe": step_probe,
     "matmul_lora": step_matmul_lora,
     "penalties": step_penalties,
     "fp32_projection": step_fp32_projection,
+    "v2_penalties": step_v2_penalties,
 }
 
 
 def run_one_step(name: str, out: Path, dry_run: bool) -> int:
     """In the step's own process: set up the carried vLLM, run the step, write <name>.json."""
     step = Step(name, dry_run)
-    if name != "probe":
+    if name not in ("probe", "v2_penalties"):  # v2_penalties carries its own release, in a child
         step.data["carry"] = carry.setup(simulate_bare=dry_run)
     step.data["environment"] = environment()
     step.part(name, lambda: STEP_FUNCTIONS[name](step, out))
     if name == "matmul_lora":
         step.part("punica_releases", lambda: step_matmul_lora_releases(step, out))
-    if name != "probe":
+    if name not in ("probe", "v2_penalties"):
         step.data["carry"].update(carry.report())
     record = step.record()
     (out / f"{name}.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
@@ -1135,6 +1316,25 @@ def markdown(summary: dict[str, Any], records: list[dict[str, Any]]) -> str:
                     f"| {t['batch']} | {t['copy_ms']:.3f} | {t['ours_ms']:.3f} | {t['vllm_v1_ms']:.2f} "
                     f"| {'n/a' if v2 is None else f'{v2:.3f}'} | {t['ours_over_copy']:.2f} |"
                 )
+        v2 = data.get("v2_penalties") or {}
+        if v2.get("tpot"):
+            title = f"## V2 runner penalties, vLLM {v2['release']} (lm_head GEMM + apply_penalties)"
+            lines += ["", title, "",
+                      "| users | without ms | with ms | penalties ms | with / without |",
+                      "|---:|---:|---:|---:|---:|"]  # fmt: skip
+            lines += [
+                f"| {t['users']} | {t['without_ms']:.3f} | {t['with_ms']:.3f} | {t['penalty_ms']:.3f} "
+                f"| {t['with_over_without']:.2f} |"
+                for t in v2["tpot"]
+            ]
+        if v2.get("table"):
+            lines += ["", "## V2 penalty table memory (V = 128256)", "",
+                      "| max_num_seqs | measured MiB | advisory's formula MiB | how |",
+                      "|---:|---:|---:|---|"]  # fmt: skip
+            lines += [
+                f"| {t['max_num_seqs']} | {t['measured_mib']} | {t['formula_mib']} | {t['how']} |"
+                for t in v2["table"]
+            ]
         if r["step"] == "probe" and "differences" in data:
             lines += [
                 "",
@@ -1155,6 +1355,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step", choices=STEPS, help=argparse.SUPPRESS)  # one step, in its own process
     parser.add_argument("--punica-release", help=argparse.SUPPRESS)  # one release's punica, its own process
     parser.add_argument(
+        "--v2-penalties", help=argparse.SUPPRESS
+    )  # one release's V2 penalties, its own process
+    parser.add_argument(
         "--pack-release",
         nargs=2,
         metavar=("RELEASE", "SOURCES"),
@@ -1171,6 +1374,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_one_step(args.step, args.out, args.dry_run)
     if args.punica_release:
         return punica_release_main(args.punica_release, args.out, args.dry_run)
+    if args.v2_penalties:
+        return v2_penalties_main(args.v2_penalties, args.out, args.dry_run)
     limits = DRY_LIMIT_S if args.dry_run else STEP_LIMIT_S
     started = time.monotonic()
     records = []

@@ -17,6 +17,7 @@ from deploykit.installed import installed_vllm_version
 from deploykit.vllm_tables import release_of
 
 REPO = Path(__file__).resolve().parents[2]
+CHILD_PLUGIN = "tests.vllm_releases.child_plugin"  # 0.34's x86-without-Triton refusal (its docstring)
 CHILD_ENV = "DEPLOYKIT_RELEASE_TIER_CHILD"  # set in a child run: it must not start children of its own
 
 

@@ -23,7 +23,14 @@ import sys
 import pytest
 
 from deploykit.vllm_tables import SUPPORTED_VLLM_RELEASES
-from tests.vllm_releases.releases import CHILD_ENV, REPO, importable_release, in_child, tables_tool
+from tests.vllm_releases.releases import (
+    CHILD_ENV,
+    CHILD_PLUGIN,
+    REPO,
+    importable_release,
+    in_child,
+    tables_tool,
+)
 from tests.vllm_releases.test_release_checks import EXPECT_ENV
 
 pytestmark = pytest.mark.vllm_import
@@ -51,7 +58,20 @@ def test_the_release_passes_the_source_level_checks(release: str) -> None:
         pytest.skip(f"vLLM {release}'s sources are not available here: {exc}")
     env.update({CHILD_ENV: "1", EXPECT_ENV: release, "PYTHONWARNINGS": "ignore"})
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not e2e", "-x", *MODULES],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            CHILD_PLUGIN,
+            "-m",
+            "not e2e",
+            "-x",
+            *MODULES,
+        ],
         cwd=REPO,
         env=env,
         capture_output=True,
