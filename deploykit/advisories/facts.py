@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from deploykit.advisories import argv as argv_reader
 from deploykit.probe.facts import GpuFacts, GpuLink, ProbeFacts
-from deploykit.vllm_compat import parse_version
+from deploykit.vllm_compat import parse_version, v1_runner_removed
 
 # vLLM's --dtype spellings → one name each.
 _DTYPE_NAMES = {
@@ -69,13 +69,15 @@ class DeploymentFacts(BaseModel):
 def machine_facts(
     facts: ProbeFacts, *, vllm_version: str | None, platform: str, gpu_count: int
 ) -> DeploymentFacts:
-    """Only what the probe knows: for `deploykit advisories --facts F` without a profile."""
+    """Only what the probe knows: for `deploykit advisories --facts F` without a profile. The runner is
+    known without a profile only where the release has one runner (V2 from 0.34)."""
     used = facts.gpus[: max(gpu_count, 1)]
     return DeploymentFacts(
         vllm_version=vllm_version,
         platform=platform,
         gpus=used,
         gpu_links=_links_between(facts.gpu_links, used),
+        model_runner="v2" if v1_runner_removed(vllm_version) else None,
     )
 
 

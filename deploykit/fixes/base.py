@@ -91,11 +91,14 @@ def target_missing(target: str, what: str) -> TargetCheck:
 
 
 def effective_runner(inputs: DecisionInputs) -> str:
-    """The model runner the deployment gets: the profile's choice, else this vLLM's default (v1 or v2)."""
+    """The model runner the deployment gets: V2 from 0.34 (no other left), else the profile's choice, else
+    this vLLM's default (v1 or v2)."""
+    from deploykit.vllm_compat import default_model_runner, v1_runner_removed  # the plugin loads this module
+
+    if v1_runner_removed(inputs.vllm_version):
+        return "v2"  # the only runner left (a profile asking for v1 there is a plan error)
     if inputs.model_runner in ("v1", "v2"):
         return inputs.model_runner
-    from deploykit.vllm_compat import default_model_runner  # not at import: the plugin loads this module
-
     return default_model_runner(inputs.vllm_version, inputs.platform)
 
 

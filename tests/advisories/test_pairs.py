@@ -150,7 +150,7 @@ CASES = [
     Case(
         "v2-penalty-table",
         "h100",  # vLLM's default --max-num-seqs is 1024 here: 1024 x 128256 int32 is ~500 MiB
-        {"model": {"source": "x"}, "serve": {"max_num_seqs": 64}},  # any size (issue 33): ~31 MiB
+        {"model": {"source": "x"}, "serve": {"max_num_seqs": 64}},  # any size (issue 33): 32 MiB
         "h100",
         {"model": {"source": "x"}, "serve": {"model_runner": "v1"}},  # the V1 runner (before 0.34) has none
         warned=True,
