@@ -227,7 +227,7 @@ def install(vllm_version: str) -> None:
     def changed(what: str) -> StatusRouteError:
         return StatusRouteError(
             f"deploykit's status route cannot be added to vLLM {vllm_version}: {what}; this deploykit "
-            "supports the vLLM layout it was written for (0.32–0.33: vllm.plugins.load_endpoint_plugins, "
+            "supports the vLLM layout it was written for (0.32–0.34: vllm.plugins.load_endpoint_plugins, "
             "vllm.v1.worker.worker_base.WorkerWrapperBase)"
         )
 

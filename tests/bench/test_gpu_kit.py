@@ -13,7 +13,7 @@ import pytest
 pytestmark = pytest.mark.vllm_import  # the dry run imports vLLM from the carried sources (~30 s)
 
 REPO = Path(__file__).resolve().parents[2]
-STEPS = ("probe", "matmul_lora", "penalties", "fp32_projection")
+STEPS = ("probe", "matmul_lora", "penalties", "fp32_projection", "v2_penalties")
 STEP_KEYS = {
     "schema",
     "step",
@@ -62,6 +62,9 @@ def test_dry_run_writes_every_file_in_the_device_shape(dry_run: Path) -> None:
 def test_cpu_runnable_steps_pass(dry_run: Path) -> None:
     records = {step: json.loads((dry_run / f"{step}.json").read_text()) for step in STEPS}
     for step, record in records.items():
+        if step == "v2_penalties" and record["status"] == "skipped":  # 0.34's sources not carried here
+            assert "--pack-release" in record["reason"]
+            continue
         assert record["status"] == "passed", (step, record["reason"], record["errors"])
     lora = records["matmul_lora"]["checks"]
     for dtype in ("float16", "bfloat16"):

@@ -36,9 +36,9 @@ def test_the_call_fits_well_inside_the_device_time() -> None:
     machine start-up: a rerun of one step (--only, 240 s) must still fit."""
     run = kit()
     steps_s = sum(run.STEP_LIMIT_S.values())
-    assert steps_s <= 560
+    assert steps_s <= 575
     assert START_UP_S + 600 + 20 <= DEVICE_BUDGET_S  # the call, its start-up, the transfers
-    assert run.STEP_LIMIT_S["v2_penalties"] <= 60  # 3 x 2 x 50 small GEMMs + 3 allocations
+    assert run.STEP_LIMIT_S["v2_penalties"] <= 75  # a vLLM import, 3 x 2 x 53 GEMMs + kernels, 3 allocations
 
 
 def test_the_measured_table_is_compared_with_the_advisorys_formula() -> None:
