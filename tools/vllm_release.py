@@ -42,9 +42,9 @@ FETCH = REPO / "tools" / "fetch-vllm-sources.sh"
 REPORTS = REPO / "docs" / "vllm-releases"
 
 # The source files each fix's target lives in (what "changed" is judged on): read from each fix's
-# target check (deploykit/fixes).
+# target check (deploykit/fixes). `file::Class` narrows a file to the one class the fix patches.
 FIX_SOURCES: dict[str, tuple[str, ...]] = {
-    "fp32_projection": ("vllm/model_executor/models/gemma4_unified.py",),
+    "fp32_projection": ("vllm/model_executor/models/gemma4_unified.py::Gemma4UnifiedVisionEmbedder",),
     "matmul_lora": (
         "vllm/lora/punica_wrapper/punica_base.py",
         "vllm/lora/punica_wrapper/punica_gpu.py",
@@ -138,26 +138,45 @@ def release_tree(release: str, cache: Path) -> Path | None:
     return vllm_root() if importable_release() == release else None
 
 
+def target_source(tree: Path, target: str) -> str | None:
+    """The text a fix's target is judged on: a whole file, or one class of it (`file::Class`); None when
+    the file or the class is gone."""
+    import ast
+
+    relative, _, class_name = target.partition("::")
+    path = tree / relative
+    if not path.is_file():
+        return None
+    text = path.read_text(encoding="utf-8")
+    if not class_name:
+        return text
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.ClassDef) and node.name == class_name:
+            return ast.get_source_segment(text, node)
+    return None
+
+
 def fix_target_rows(previous: Path | None, new: Path) -> list[str]:
     rows = []
-    for name, files in FIX_SOURCES.items():
-        gone = [f for f in files if not (new / f).is_file()]
-        if gone and len(gone) == len(files):
+    for name, targets in FIX_SOURCES.items():
+        now = {t: target_source(new, t) for t in targets}
+        gone = [t for t, text in now.items() if text is None]
+        if len(gone) == len(targets):
             rows.append(f"- `{name}`: **gone** ({', '.join(gone)})")
             continue
         changed = []
-        for relative in files:
-            if relative in gone or previous is None or not (previous / relative).is_file():
+        for target, text in now.items():
+            old = None if previous is None or text is None else target_source(previous, target)
+            if old is None or old == text:
                 continue
-            old, now = (previous / relative).read_text(), (new / relative).read_text()
-            if old != now:
-                diff = list(
-                    difflib.unified_diff(old.splitlines(), now.splitlines(), relative, relative, lineterm="")
-                )
-                shown = diff[:DIFF_LINES] + (
-                    [f"... {len(diff) - DIFF_LINES} more lines"] if len(diff) > DIFF_LINES else []
-                )
-                changed.append(f"  - {relative}:\n\n```diff\n" + "\n".join(shown) + "\n```")
+            assert text is not None
+            diff = list(
+                difflib.unified_diff(old.splitlines(), text.splitlines(), target, target, lineterm="")
+            )
+            shown = diff[:DIFF_LINES]
+            if len(diff) > DIFF_LINES:
+                shown.append(f"... {len(diff) - DIFF_LINES} more lines")
+            changed.append(f"  - {target}:\n\n```diff\n" + "\n".join(shown) + "\n```")
         partly = f"; missing: {', '.join(gone)}" if gone else ""
         if changed:
             rows.append(f"- `{name}`: **changed**{partly}\n" + "\n".join(changed))

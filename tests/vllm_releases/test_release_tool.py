@@ -66,3 +66,27 @@ def test_the_release_command_reproduces_what_is_committed(release: str) -> None:
     report = REPO / "docs" / "vllm-releases" / f"vllm-{release}.md"
     if report.exists():  # releases added by the command (0.34 on) have one
         assert release_tool().report(release, cache) == report.read_text(encoding="utf-8")
+
+
+def test_the_report_says_present_changed_with_its_diff_or_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One fix's target per state, in two made-up trees: the report's first section reads them right."""
+    tool = release_tool()
+    old, new = tmp_path / "old", tmp_path / "new"
+    for tree in (old, new):
+        (tree / "vllm").mkdir(parents=True)
+    (old / "vllm" / "same.py").write_text("class Kept:\n    x = 1\n\nY = 1\n")
+    (new / "vllm" / "same.py").write_text("class Kept:\n    x = 1\n\nY = 2\n")  # outside the class: same
+    (old / "vllm" / "moved.py").write_text("def f():\n    return 1\n")
+    (new / "vllm" / "moved.py").write_text("def f():\n    return 2\n")
+    (old / "vllm" / "gone.py").write_text("pass\n")
+    monkeypatch.setattr(
+        tool,
+        "FIX_SOURCES",
+        {"kept": ("vllm/same.py::Kept",), "edited": ("vllm/moved.py",), "removed": ("vllm/gone.py",)},
+    )
+    kept, edited, removed = tool.fix_target_rows(old, new)
+    assert kept == "- `kept`: present, its sources byte-identical"
+    assert edited.startswith("- `edited`: **changed**") and "-    return 1\n+    return 2" in edited
+    assert removed == "- `removed`: **gone** (vllm/gone.py)"
