@@ -67,6 +67,9 @@ def jinja_environment() -> jinja2.Environment:
         lstrip_blocks=True,
         autoescape=False,
     )
+    from deploykit.render.escape import comment
+
+    env.filters["comment"] = comment  # text inside a `#` line stays on that line, whatever it holds
     return env
 
 

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import pytest
 
-from deploykit.render.on_corruption import LEDGER_NAME, STAGE_RESTART, STAGE_STOPPED
+from deploykit.render.on_corruption import LEDGER_DIR, STAGE_RESTART, STAGE_STOPPED
 from deploykit.render.systemd import CORRUPTION_MAX_RESTARTS
 from tests.e2e.fault_worker import FAULT_KEY, TOKENS_ENV, WORKER_CLS
 from tests.e2e.nspawn_runtime import NspawnMachine, wait_for
@@ -464,7 +464,7 @@ def test_corruption_restarts_the_server_and_the_canary_turns_healthy(
     assert "NaN" in corrupt or "special/pad token" in corrupt, corrupt
     canary_log = a.journal(a.canary)
     assert f"restarting {a.unit} (corruption restart 1 of at most {CORRUPTION_MAX_RESTARTS}" in canary_log
-    ledger = a.machine.host_path(f"{a.state_dir}/{LEDGER_NAME}").read_text().split()
+    ledger = a.machine.host_path(f"{LEDGER_DIR}/{a.unit}").read_text().split()
     assert len(ledger) == 1, ledger
 
 
@@ -478,7 +478,7 @@ def test_restart_storm_stops_the_server_instead_of_looping(
     a.wait_active("before the storm")
     a.wait_healthy_canary()
     machine = a.machine
-    ledger_path = f"{a.state_dir}/{LEDGER_NAME}"
+    ledger_path = f"{LEDGER_DIR}/{a.unit}"
     recorded = machine.host_path(ledger_path).read_text().split()
     assert len(recorded) == 1, recorded  # the real restart of the test above
     # The cap's other restarts, as if they had happened minutes ago (3 real vLLM restarts would take minutes).
