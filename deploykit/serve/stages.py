@@ -151,9 +151,9 @@ def launch_environment(plan: Plan, parent: Mapping[str, str]) -> dict[str, str]:
             "secrets",
             f"the profile takes these from the environment, but they are not set: {', '.join(missing)}",
         )
-    for source in plan.secret_env.values():  # each travels in a header (the API key, HF_TOKEN): checked
+    for variable in plan.secret_env.values():  # each travels in a header (the API key, HF_TOKEN): checked
         try:
-            net.secret_from_env(source, parent, what="secret")
+            net.secret_from_env(variable, parent, what="secret")
         except net.SecretRefused as exc:
             raise StageFailure("secrets", str(exc)) from None
     for key, value in plan.env.items():
