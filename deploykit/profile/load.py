@@ -174,10 +174,12 @@ def parse_profile(text: str, file: str = "<profile>") -> Profile:
     try:
         profile = Profile.model_validate(data)
     except ValidationError as exc:
+        refused = {issue.field for issue in issues}  # a control character: that field's one line says it
         for error in exc.errors():
             loc = _refine_env_location(tuple(error["loc"]), str(error["msg"]))
             path, (line, column) = _locate(loc, positions, at_key=error["type"] == "extra_forbidden")
-            issues.append(ProfileIssue(file, line, column, _dotted(path), _pydantic_message(error)))
+            if _dotted(path) not in refused:
+                issues.append(ProfileIssue(file, line, column, _dotted(path), _pydantic_message(error)))
         issues.sort(key=lambda issue: (issue.line, issue.column))
         raise ProfileError(_unique(issues)) from None
     if issues:

@@ -162,6 +162,17 @@ def chart_pod(
     replace_images(spec, pod_base_image)
     add_host_mounts(spec, None, extra_dirs=[tiny_model_dir])
     set_restart_policy(spec)
+    # podman 4.3 creates an emptyDir root-owned, mode 0755, as the pod starts; kubelet creates every emptyDir
+    # world-writable (0777) before any container runs, which is what lets vLLM, run non-root under Pod
+    # Security "restricted", write its HOME, its cache and /dev/shm. The played copy backs those three by host
+    # directories made 0777 first, as kubelet would make them (shm_open needs no tmpfs, only the directory).
+    for volume in spec["volumes"]:
+        if volume["name"] in ("home", "cache", "dshm"):
+            directory = tmp / "emptydir" / volume["name"]
+            directory.mkdir(parents=True)
+            directory.chmod(0o777)
+            volume.pop("emptyDir")
+            volume["hostPath"] = {"path": str(directory), "type": "Directory"}
     key = base64.b16encode(os.urandom(12)).decode().lower()
     pod_runtime.secret_create("demo-pod-secrets", {"VLLM_API_KEY": key})
     yaml_text = dump_kube_yaml(played)
