@@ -8,7 +8,8 @@ It runs as root, so it trusts nothing the service user can write. The unit runs 
 PYTHON* variable is read), so a module planted there is never imported. Its restart ledger lives in a
 root-owned directory (`--ledger-dir`, mode 0700, created here, refused when anyone else owns it or may
 write it), never in the state directory, and every open is relative to that directory's descriptor with
-O_NOFOLLOW: a symbolic link placed at the ledger's path is refused, never followed.
+O_NOFOLLOW: a symbolic link placed at the ledger's path is refused, never followed, and a ledger it cannot
+trust stops the server (fail closed: the cap cannot hold without it) instead of restarting it uncounted.
 
 systemd sets `$EXIT_CODE` (`exited`, `killed`, ...) and `$EXIT_STATUS` for ExecStopPost= commands; this
 reads them from its environment, so no shell and no `$` expansion are involved. Run as
@@ -270,10 +271,15 @@ def main(
     try:
         times = past_restarts(args.ledger_dir, args.restart, moment, args.window_s)
     except OSError as exc:
-        print(f"cannot read {ledger} ({exc}): it is left alone and this restart is not counted")
-        times, counted = [], False
-    else:
-        counted = True
+        # Fail closed: without a ledger it can trust, the cap cannot hold, so no uncounted restart loop.
+        line = (
+            f"canary ended ({ended}): the output is corrupt, but the restart ledger {ledger} cannot be "
+            f"trusted ({exc}); it is left alone, and {args.restart} is stopped rather than restarted "
+            f"uncapped; look at {args.ledger_dir}, then `systemctl start {args.restart}`"
+        )
+        print(line)
+        record(STAGE_STOPPED, line, {"restarts": 0.0, **limits})
+        return run(stop_command(args.restart))
     if len(times) >= args.max_restarts:
         line = (
             f"canary ended ({ended}): the output is corrupt again after {len(times)} corruption restarts of "
@@ -284,11 +290,10 @@ def main(
         print(line)
         record(STAGE_STOPPED, line, {"restarts": float(len(times)), **limits})
         return run(stop_command(args.restart))
-    if counted:
-        try:
-            count_restart(args.ledger_dir, args.restart, [*times, moment])
-        except OSError as exc:
-            print(f"cannot write {ledger} ({exc}): this restart is not counted")
+    try:
+        count_restart(args.ledger_dir, args.restart, [*times, moment])
+    except OSError as exc:
+        print(f"cannot write {ledger} ({exc}): this restart is not counted")
     line = (
         f"canary ended ({ended}): the output is corrupt, restarting {args.restart} (corruption restart "
         f"{len(times) + 1} of at most {args.max_restarts} within {window})"

@@ -198,3 +198,38 @@ def test_printable_payloads_render_helm_without_injection(
     if field == "deploy.cache_dir":
         mounts = {m["name"]: m["mountPath"] for m in vllm["volumeMounts"]}
         assert mounts["cache"] == value and env["XDG_CACHE_HOME"] == value
+
+
+@pytest.mark.parametrize("payload", CONTROL)
+@pytest.mark.parametrize(
+    "field",
+    ["model.served_name", "serve.generation_config", "serve.extra_args", "env.DK_VALUE", "deploy.cache_dir"],
+)
+def test_the_unit_writer_refuses_control_characters_even_past_the_loader(
+    tmp_path: Path, field: str, payload: str
+) -> None:
+    """The second wall: a profile that did not come through the loader (built in code) still cannot put a
+    control character into a unit: the escaping layer refuses it in one line naming the field."""
+    from deploykit.profile.schema import LoadedProfile, Profile
+
+    profile_path = hostile_profile(tmp_path, field, "plain")
+    data = yaml.safe_load(profile_path.read_text())
+    *parents, last = field.split(".")
+    node = data
+    for part in parents:
+        node = node[part]
+    node[last] = field_values(CONTROL[payload])[field]
+    loaded = LoadedProfile(profile=Profile.model_validate(data), path=profile_path)
+    plan = plan_for_render(loaded, load_facts(str(FACTS)))
+    try:
+        files = files_of(render_systemd(plan, loaded, SystemdOptions(prefix=PREFIX)))
+    except RenderError as exc:
+        refused_in_one_line(exc, profile_path, payload)
+        return
+    # A line feed, tab or carriage return in an argv word is escaped (ExecStart= takes C escapes): still
+    # no new line in any unit.
+    assert field in ("serve.extra_args", "serve.generation_config"), field
+    assert payload in ("newline", "carriage-return", "tab", "planted"), payload
+    for unit in UNITS:
+        keys = directives(files[unit])
+        assert "ExecStartPre" not in keys and "X-Y" not in keys, unit

@@ -251,8 +251,10 @@ def test_a_symlinked_ledger_is_never_followed(tmp_path: Path) -> None:
     assert capped(tmp_path, recorder, 1000.0) == 0
     assert victim.read_text() == "precious\n"  # neither read as a ledger nor written through
     assert (tmp_path / "ledger" / LEDGER).is_symlink()
-    # still restarted (a corruption verdict), the restart not counted, said in the journal line
-    assert recorder.commands == [["systemctl", "restart", "--no-block", "x.service"]]
+    # fail closed: a ledger it cannot trust cannot cap restarts, so the server is stopped, one line and row
+    assert recorder.commands == [["systemctl", "stop", "--no-block", "x.service"]]
+    ((stage, diagnosis, _),) = recorder.rows
+    assert stage == STAGE_STOPPED and "cannot be trusted" in diagnosis
 
 
 def test_a_symlinked_ledger_directory_is_refused(tmp_path: Path) -> None:
@@ -262,6 +264,7 @@ def test_a_symlinked_ledger_directory_is_refused(tmp_path: Path) -> None:
     recorder = Recorder()
     assert capped(tmp_path, recorder, 1000.0) == 0
     assert list(elsewhere.iterdir()) == []  # nothing written through the link
+    assert recorder.commands == [["systemctl", "stop", "--no-block", "x.service"]]
 
 
 def test_a_ledger_directory_others_may_write_is_refused(tmp_path: Path) -> None:
@@ -270,7 +273,7 @@ def test_a_ledger_directory_others_may_write_is_refused(tmp_path: Path) -> None:
     recorder = Recorder()
     assert capped(tmp_path, recorder, 1000.0) == 0
     assert list((tmp_path / "ledger").iterdir()) == []
-    assert recorder.commands == [["systemctl", "restart", "--no-block", "x.service"]]
+    assert recorder.commands == [["systemctl", "stop", "--no-block", "x.service"]]
 
 
 def test_the_ledger_directory_is_made_private(tmp_path: Path) -> None:
