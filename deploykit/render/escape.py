@@ -11,15 +11,14 @@ wall: a string from elsewhere (a facts file, an option) can never add a line to 
 - `systemd_text`: Description= and other free text taken literally: `%` doubled, one line.
 - `systemd_user`: User=/Group=: a valid user name or nothing.
 - `comment`: text inside a `#` comment line of a unit or a YAML file: one line whatever it holds.
-- `yaml_scalar`: one double-quoted YAML (= JSON) string.
-- `shell_word`: one POSIX shell word.
+- `yaml_scalar`: one double-quoted YAML (= JSON) string (Chart.yaml; values.yaml is dumped by PyYAML).
+Shell words are `shlex.quote`'s, in `deploykit plan --format shell` (deploykit/plan.py), the one shell writer.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import shlex
 
 from deploykit.render.common import RenderError
 from deploykit.untrusted_text import control_character
@@ -112,8 +111,3 @@ def comment(text: object) -> str:
 def yaml_scalar(text: str) -> str:
     """One YAML double-quoted scalar (JSON's string syntax is a subset of it), ASCII only."""
     return json.dumps(text, ensure_ascii=True)
-
-
-def shell_word(text: str) -> str:
-    """One POSIX shell word, taken literally by sh, bash and zsh."""
-    return shlex.quote(text)
