@@ -202,20 +202,23 @@ def test_the_root_helper_runs_no_planted_module_and_follows_no_link(
 ) -> None:
     machine = nspawn_machine
     item = hostile[0]
+    deploy = item.values["deploy"]
+    assert isinstance(deploy, dict)
+    user = str(deploy["user"])  # the service user the unit runs as
     machine.systemctl("start", item.unit)
     first = machine.unit_property(item.unit, "InvocationID")
     # What the service user can do: plant a package in its own state directory (the canary's working
     # directory), and links where the old ledger was written.
     plant = f"{item.state_dir}/deploykit/render"
     for folder in (f"{item.state_dir}/deploykit", plant):
-        machine.run(["runuser", "-u", "vllm", "--", "mkdir", "-p", folder])
-        machine.run(["runuser", "-u", "vllm", "--", "touch", f"{folder}/__init__.py"])
+        machine.run(["runuser", "-u", user, "--", "mkdir", "-p", folder])
+        machine.run(["runuser", "-u", user, "--", "touch", f"{folder}/__init__.py"])
     machine.run(
-        ["runuser", "-u", "vllm", "--", "sh", "-c", f"cat > {plant}/on_corruption.py"], input=PLANTED_MODULE
+        ["runuser", "-u", user, "--", "sh", "-c", f"cat > {plant}/on_corruption.py"], input=PLANTED_MODULE
     )
     victim = "/etc/dk-victim"
     machine.write_file(victim, "precious\n")
-    machine.run(["runuser", "-u", "vllm", "--", "ln", "-s", victim, f"{item.state_dir}/corruption-restarts"])
+    machine.run(["runuser", "-u", user, "--", "ln", "-s", victim, f"{item.state_dir}/corruption-restarts"])
     # ... and, as if it had got there, a link at the root-owned ledger's own path.
     machine.run(["mkdir", "-p", "-m", "0700", LEDGER_DIR])
     machine.run(["ln", "-sf", victim, f"{LEDGER_DIR}/{item.unit}"])
