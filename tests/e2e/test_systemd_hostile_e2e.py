@@ -98,6 +98,9 @@ def make_prefix(machine: NspawnMachine) -> None:
         f"{REPO}\nimport site; site.addsitedir({venv_site!r})\n",
     )
     machine.write_file(f"{PREFIX}/bin/vllm", RECORDER, mode=0o755)
+    machine.write_file(
+        f"{PREFIX}/bin/deploykit", f'#!/bin/sh\nexec {PREFIX}/bin/python -m deploykit "$@"\n', 0o755
+    )
 
 
 def render_one(machine: NspawnMachine, out: Path, name: str, payload: str, port: int) -> Rendered:
@@ -252,3 +255,61 @@ def test_the_root_helper_runs_no_planted_module_and_follows_no_link(
     ledger = machine.host_path(f"{LEDGER_DIR}/{item.unit}")
     assert not ledger.is_symlink() and len(ledger.read_text().split()) == 1
     assert oct(machine.host_path(LEDGER_DIR).stat().st_mode & 0o777) == oct(0o700)
+
+
+KEY = "sk-live-0123456789abcdefXYZ"
+
+
+@pytest.mark.parametrize(
+    ("label", "line"), [("non-ascii", f"VLLM_API_KEY={KEY}é\n"), ("crlf", f"VLLM_API_KEY={KEY}\r\n")]
+)
+def test_a_bad_api_key_never_reaches_the_journal_or_the_store(
+    nspawn_machine: NspawnMachine, hostile: list[Rendered], tmp_path: Path, label: str, line: str
+) -> None:
+    """The smoke companion with a key it cannot send (from a secrets file as an editor or kubectl leaves
+    it): one line naming the variable in the journal, the row stored without the key."""
+    machine = nspawn_machine
+    name = f"dk-key-{label}"
+    item = render_one(machine, tmp_path, name, "plain", 8300 + len(label))
+    profile = Path(tmp_path / name / f"{name}.yaml")
+    # the same unit set, for a profile whose server reads an API key (the smoke companion sends it)
+    import yaml
+
+    data = yaml.safe_load(profile.read_text())
+    data["serve"]["api_key_env"] = "DK_TEST_KEY"
+    data["serve"]["allow_unauthenticated"] = False
+    profile.write_text(yaml.safe_dump(data, sort_keys=False))
+    loaded = load_profile(str(profile))
+    plan = plan_for_render(loaded, load_facts(str(FACTS)))
+    result = render_systemd(plan, loaded, SystemdOptions(prefix=Path(PREFIX)))
+    write_files(result, tmp_path / name / "keyed", force=True)
+    unit = f"deploykit-{name}"
+    for suffix in ("", "-smoke", "-canary"):
+        text = (tmp_path / name / "keyed" / f"{unit}{suffix}.service").read_text()
+        machine.write_file(f"/etc/systemd/system/{unit}{suffix}.service", text)
+    machine.write_file(f"/etc/deploykit/{name}.yaml", profile.read_text())
+    machine.write_file(f"/etc/deploykit/{name}.env", line, mode=0o600)
+    if Path(sys.base_prefix).is_relative_to("/root"):  # this CI's Python lives under /root (pyenv)
+        machine.write_file(
+            f"/etc/systemd/system/{unit}-smoke.service.d/50-test-python-under-root.conf",
+            "[Service]\nProtectHome=read-only\n",
+        )
+    machine.run(["systemd-sysusers"])
+    machine.systemctl("daemon-reload")
+    machine.systemctl("start", item.unit)
+    smoke = f"{unit}-smoke.service"
+    machine.systemctl("start", smoke, check=False, timeout=300)
+    wait_for(
+        lambda: machine.unit_property(smoke, "ActiveState") in ("inactive", "failed"), "the smoke ran", 300
+    )
+    journal = machine.journal("-u", smoke, "-o", "cat")
+    assert KEY not in journal and "0123456789abcdef" not in journal, journal[-3000:]
+    assert "deploykit smoke" in journal or "smoke" in journal
+    if label == "non-ascii":  # refused before any request, one line naming the variable
+        lines = [entry for entry in journal.splitlines() if "VLLM_API_KEY" in entry and "non-ASCII" in entry]
+        assert len(lines) == 1, journal[-3000:]
+    store = machine.host_path(f"{item.state_dir}")
+    stored = b"".join(path.read_bytes() for path in store.rglob("*.sqlite*") if path.is_file())
+    assert stored, "the smoke stored no row"
+    assert KEY.encode() not in stored
+    machine.systemctl("stop", item.unit, check=False, timeout=120)
