@@ -175,8 +175,16 @@ def record_row_as_owner(state_dir: Path, profile: str | None, env: Mapping[str, 
         argv += ["--window-s", str(int(timings.get("window_s", 0)))]
         if profile:
             argv += ["--profile", profile]
-        owner = state_dir.lstat()
-        as_owner = os.geteuid() == 0 and owner.st_uid != 0
+        try:
+            owner = state_dir.lstat()
+        except OSError as exc:
+            print(f"the {stage} row was not stored: {state_dir}: {exc.strerror}")
+            return
+        as_owner = os.geteuid() == 0
+        if as_owner and (not stat.S_ISDIR(owner.st_mode) or owner.st_uid == 0):
+            # Root writes nothing into the service's directory itself (a link there, or a store it follows).
+            print(f"the {stage} row was not stored: {state_dir} is not a directory of the service user's own")
+            return
         try:
             done = subprocess.run(
                 argv,

@@ -316,3 +316,26 @@ def test_a_module_planted_in_the_working_directory_is_never_imported(tmp_path: P
         assert done.returncode == 0 and "not a corruption verdict" in done.stdout, done.stdout + done.stderr
     else:
         assert mark.exists()  # the attack the old command line allowed
+
+
+def test_root_stores_no_row_in_a_state_directory_that_is_not_the_service_users(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Root never writes the row itself: only a child running as the state directory's (non-root) owner
+    does; a root-owned directory or a link in its place gets a journal line and no row."""
+    import os
+
+    from deploykit.render.on_corruption import record_row_as_owner
+
+    if os.geteuid() != 0:
+        pytest.skip("runs as root only: the helper's privileged path")
+    state = tmp_path / "state"
+    state.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "link").symlink_to(elsewhere)
+    for directory in (state, tmp_path / "link"):
+        env = {"XDG_DATA_HOME": str(directory), "PATH": os.environ["PATH"]}
+        record_row_as_owner(directory, "p", env)(STAGE_RESTART, "restarting", {"restarts": 1.0})
+        assert "is not a directory of the service user's own" in capsys.readouterr().out
+    assert list(state.iterdir()) == [] and list(elsewhere.iterdir()) == []
