@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import sys
-import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +35,7 @@ from deploykit.profile.load import load_profile
 from deploykit.render.common import RenderError, plan_for_render, write_files
 from deploykit.render.on_corruption import LEDGER_DIR
 from deploykit.render.systemd import SystemdOptions, render_systemd
+from tests.e2e.nspawn_prefix import make_prefix
 from tests.e2e.nspawn_runtime import NspawnMachine, wait_for
 from tests.render.hostile import PLANTED_MARK, PRINTABLE, field_values, hostile_profile
 from tests.vllm_harness import REPO
@@ -80,27 +80,6 @@ class Rendered:
     @property
     def state_dir(self) -> str:
         return f"/var/lib/deploykit-{self.name}"
-
-
-def make_prefix(machine: NspawnMachine) -> None:
-    """A root-owned Python prefix: a venv config over this run's interpreter whose site-packages puts this
-    checkout first, then the run's venv (bound read-only at the same paths)."""
-    base = Path(sys.base_prefix)
-    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    machine.write_file(
-        f"{PREFIX}/pyvenv.cfg", f"home = {base / 'bin'}\ninclude-system-site-packages = false\n"
-    )
-    machine.run(["mkdir", "-p", f"{PREFIX}/bin", f"{PREFIX}/lib/{version}/site-packages"])
-    machine.run(["ln", "-sf", str(base / "bin" / version), f"{PREFIX}/bin/python"])
-    venv_site = sysconfig.get_paths()["purelib"]
-    machine.write_file(
-        f"{PREFIX}/lib/{version}/site-packages/deploykit-under-test.pth",
-        f"{REPO}\nimport site; site.addsitedir({venv_site!r})\n",
-    )
-    machine.write_file(f"{PREFIX}/bin/vllm", RECORDER, mode=0o755)
-    machine.write_file(
-        f"{PREFIX}/bin/deploykit", f'#!/bin/sh\nexec {PREFIX}/bin/python -m deploykit "$@"\n', 0o755
-    )
 
 
 def render_one(machine: NspawnMachine, out: Path, name: str, payload: str, port: int) -> Rendered:
@@ -156,7 +135,7 @@ def hostile(
 ) -> Iterator[list[Rendered]]:
     machine = nspawn_machine
     out = tmp_path_factory.mktemp("hostile-units")
-    make_prefix(machine)
+    make_prefix(machine, PREFIX, vllm=RECORDER)
     rendered = [
         render_one(machine, out, f"dk-h{index}", payload, 8100 + index)
         for index, payload in enumerate(PRINTABLE.values())
