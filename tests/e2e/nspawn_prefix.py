@@ -35,6 +35,10 @@ def make_prefix(machine: NspawnMachine, prefix: str, *, vllm: str | None = None)
     machine.write_file(
         f"{prefix}/bin/deploykit", f'#!/bin/sh\nexec {prefix}/bin/python -m deploykit "$@"\n', 0o755
     )
-    main = "import sys\nfrom vllm.entrypoints.cli.main import main\nsys.exit(main())\n"
+    # the guard: vLLM's engine starts its processes by spawn, which imports this script again
+    main = (
+        "import sys\nfrom vllm.entrypoints.cli.main import main\n"
+        "if __name__ == '__main__':\n    sys.exit(main())\n"
+    )
     script = vllm or f"#!{prefix}/bin/python\n{main}"
     machine.write_file(f"{prefix}/bin/vllm", script, 0o755)
