@@ -12,6 +12,9 @@ import errno
 import ipaddress
 import re
 import socket
+from collections.abc import Mapping, Sequence
+
+from deploykit.untrusted_text import control_character
 
 LOOPBACK_V4 = "127.0.0.1"
 LOOPBACK_V6 = "::1"
@@ -187,3 +190,63 @@ _URL_IN_TEXT = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
 def redact_urls_in(text: str) -> str:
     """`text` (a driver's error message, say) with every URL in it passed through `redact_url`."""
     return _URL_IN_TEXT.sub(lambda match: redact_url(match.group()), text)
+
+
+# Header values as they stand in an exception's text or a repr: `Bearer TOKEN` (also inside b'...' or
+# '...'), and the value of any authorization-like header or key (`Authorization: x`, `'api-key': 'x'`).
+_BEARER = re.compile(r"(?i)\b(bearer|basic)(\s+|\\x20|%20)[^\s'\"<>,;)}\]]+")
+_AUTH_VALUE = re.compile(
+    r"(?i)(\b(?:proxy-)?(?:authorization|x-api-key|api-key|cookie|set-cookie)(?:['\"]?\s*[:=]|['\"],)\s*(?:b?['\"])?)"
+    r"([^'\"\s,;)}\]]+)"
+)
+
+
+def redact_text(text: str, secrets: Sequence[str] = ()) -> str:
+    """`text` (an exception's message, a log line, a diagnosis) as deploykit may print or store it: every
+    URL through `redact_url`, every `Bearer ...` and authorization-like header value as `***`, and every
+    known secret as `***`, raw or as a repr shows it (`\\n` escaped, `b'...'`)."""
+    for secret in sorted((s for s in secrets if s), key=len, reverse=True):
+        for form in {
+            secret,
+            secret.strip(),
+            repr(secret)[1:-1],
+            repr(secret.encode("utf-8", "replace"))[2:-1],
+        }:
+            if len(form) >= 4:
+                text = text.replace(form, REDACTED)
+    text = redact_urls_in(text)
+    text = _BEARER.sub(lambda m: f"{m.group(1)} {REDACTED}", text)
+    return _AUTH_VALUE.sub(lambda m: f"{m.group(1)}{REDACTED}", text)
+
+
+class SecretRefused(ValueError):
+    """A secret read from the environment cannot be sent as it is; the message names the variable only."""
+
+
+def secret_from_env(name: str, environ: Mapping[str, str], what: str = "API key") -> str | None:
+    """The value of `name` (None when unset or empty), refused when it could not travel in an HTTP header
+    unchanged: a control character (a trailing `\\n` or `\\r\\n` is what `kubectl create secret
+    --from-file` and a CRLF env file leave) or a non-ASCII character. The message never shows the value."""
+    value = environ.get(name)
+    if not value:
+        return None
+    found = control_character(value)
+    if found:
+        stripped = value.rstrip("\r\n")
+        trailing = stripped != value and not control_character(stripped)
+        where = "ends with" if trailing else "holds"
+        hint = (
+            " (a line break at the end is what `kubectl create secret --from-file` or a CRLF env file leaves:"
+            " write the value without it)"
+            if trailing
+            else ""
+        )
+        raise SecretRefused(
+            f"the {what} variable {name} {where} the control character {found}{hint}; its value is not shown"
+        )
+    if not value.isascii():
+        raise SecretRefused(
+            f"the {what} variable {name} holds a non-ASCII character, which an HTTP header cannot carry; "
+            "its value is not shown"
+        )
+    return value

@@ -177,3 +177,67 @@ def test_redact_url_hides_every_password_even_in_urls_that_do_not_parse(url: str
 def test_redact_urls_in_text_redacts_each_url_it_holds() -> None:
     text = "cannot reach http://u:S3cret@h:1/x (from postgresql://a:S3cret@b/c)"
     assert net.redact_urls_in(text) == "cannot reach http://u:***@h:1/x (from postgresql://a:***@b/c)"
+
+
+# --- the one redactor for exception texts, and secrets read from the environment (issue 30) -------------
+
+KEY = "sk-live-0123456789abcdefXYZ"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # httpx's refusal of a header value ending in a line break, as it reached the terminal and the store
+        f"LocalProtocolError: Illegal header value b'Bearer {KEY}\\n'",
+        f"Illegal header value b'Bearer {KEY}\\r'",
+        repr({"Authorization": f"Bearer {KEY}\n"}),  # a dict of headers in a message
+        repr({b"authorization": f"Bearer {KEY}\r\n".encode()}),
+        repr([("x-api-key", KEY)]),
+        f"Authorization: Bearer {KEY}",
+        f"ConnectError: http://user:{KEY}@127.0.0.1:1/v1/completions",
+        f"GET http://127.0.0.1:1/v1/models?api_key={KEY} failed",
+    ],
+)
+def test_redact_text_hides_header_values_urls_and_reprs(text: str) -> None:
+    shown = net.redact_text(text)
+    assert KEY not in shown and "0123456789abcdef" not in shown
+    assert net.REDACTED in shown
+
+
+def test_redact_text_hides_a_known_secret_raw_and_as_a_repr_shows_it() -> None:
+    secret = f"{KEY}\n"
+    for text in (f"got {secret} back", f"got {secret!r} back", f"got {secret.encode()!r} back", f"x {KEY} y"):
+        assert KEY not in net.redact_text(text, [secret])
+
+
+def test_redact_text_leaves_plain_diagnoses_alone() -> None:
+    text = "generated token 0 (a special/pad token) at position 3; max_tokens=16, prompt_tokens: 512"
+    assert net.redact_text(text) == text
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        (f"{KEY}\n", ["ends with", "U+000A", "--from-file"]),
+        (f"{KEY}\r\n", ["ends with", "U+000D"]),
+        (f"{KEY}\r", ["ends with", "U+000D"]),
+        (f"sk-\n{KEY}", ["holds", "U+000A"]),
+        (f"{KEY}\x00", ["U+0000"]),
+        (f"{KEY}é", ["non-ASCII"]),
+    ],
+)
+def test_a_secret_that_cannot_travel_in_a_header_is_refused_naming_only_the_variable(
+    value: str, words: list[str]
+) -> None:
+    with pytest.raises(net.SecretRefused) as caught:
+        net.secret_from_env("DK_KEY", {"DK_KEY": value})
+    message = str(caught.value)
+    assert "\n" not in message and "DK_KEY" in message and "not shown" in message
+    assert KEY not in message and "sk-" not in message
+    assert all(word in message for word in words), message
+
+
+def test_a_plain_secret_is_given_back_unchanged() -> None:
+    assert net.secret_from_env("DK_KEY", {"DK_KEY": KEY}) == KEY
+    assert net.secret_from_env("DK_KEY", {}) is None
+    assert net.secret_from_env("DK_KEY", {"DK_KEY": ""}) is None

@@ -83,7 +83,12 @@ def build_config(options: CanaryOptions) -> CanaryConfig:
         loaded = load_profile(options.profile)  # a ProfileError lists its located issues, then one line
         profile, profile_id = loaded.profile, loaded.id
     key_env = options.api_key_env or (profile.serve.api_key_env if profile else None)
-    api_key = os.environ.get(key_env) if key_env else None
+    from deploykit.net import SecretRefused, secret_from_env
+
+    try:
+        api_key = secret_from_env(key_env, os.environ) if key_env else None
+    except SecretRefused as exc:
+        raise CanaryError(str(exc)) from None
     if key_env and not api_key:
         raise CanaryError(f"the API key variable {key_env} is not set")
     if profile is not None:

@@ -158,7 +158,11 @@ class NanCounterPoller:
             try:
                 self.poll_once()
             except Exception as exc:  # the watcher must outlive any one bad read
-                self._warn(f"reading the server's NaN counter failed: {type(exc).__name__}: {exc}")
+                from deploykit.net import redact_text
+
+                self._warn(
+                    f"reading the server's NaN counter failed: {redact_text(f'{type(exc).__name__}: {exc}')}"
+                )
             stop.wait(self.every_s)
 
     def start(self, stop: threading.Event) -> threading.Thread:

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from deploykit.input_files import InputFileError, compose_yaml, read_text
 from deploykit.paths import shipped_profile_dirs, user_profile_dir
 from deploykit.profile.schema import LoadedProfile, Profile, ProfileError, ProfileIssue
+from deploykit.untrusted_text import control_character
 
 # --- finding profiles -------------------------------------------------------------------------------
 
@@ -63,8 +64,9 @@ def _to_python(
     if isinstance(node, yaml.MappingNode):
         result: dict[Any, Any] = {}
         for key_node, value_node in node.value:
-            key = _to_python(key_node, (*path, "<key>"), {}, issues, file)
+            key = _to_python(key_node, (*path, "<key>"), {}, [], file)
             key_path = (*path, key if isinstance(key, (str, int)) else str(key))
+            _refuse_control_characters(key_node, key, key_path, issues, file, "its name")
             if key in result:
                 line, column = _mark(key_node)
                 issues.append(ProfileIssue(file, line, column, _dotted(key_path), "duplicate key"))
@@ -81,7 +83,31 @@ def _to_python(
             if isinstance(item, yaml.ScalarNode):
                 positions[(*path, index, "<value>")] = _mark(item)
         return items
-    return yaml.SafeLoader("").construct_object(node, deep=True)
+    value = yaml.SafeLoader("").construct_object(node, deep=True)
+    if path[-1:] != ("<key>",):
+        _refuse_control_characters(node, value, path, issues, file, "its value")
+    return value
+
+
+def _refuse_control_characters(
+    node: yaml.Node, value: Any, path: tuple[str | int, ...], issues: list[ProfileIssue], file: str, what: str
+) -> None:
+    """No string in a profile may hold a control character: each one could end a line in a unit file, a
+    header or a manifest and start one of the profile's own making (a `\\n` in an env value writing
+    `ExecStartPre=+...` into the unit). One located line, the character named, never echoed."""
+    found = control_character(value) if isinstance(value, str) else None
+    if found:
+        line, column = _mark(node)
+        issues.append(
+            ProfileIssue(
+                file,
+                line,
+                column,
+                _dotted(path),
+                f"{what} holds the control character {found}: profiles take no control characters "
+                "(line breaks, tabs, NUL); write it on one line without them",
+            )
+        )
 
 
 def _dotted(path: tuple[str | int, ...]) -> str:
@@ -148,10 +174,12 @@ def parse_profile(text: str, file: str = "<profile>") -> Profile:
     try:
         profile = Profile.model_validate(data)
     except ValidationError as exc:
+        refused = {issue.field for issue in issues}  # a control character: that field's one line says it
         for error in exc.errors():
             loc = _refine_env_location(tuple(error["loc"]), str(error["msg"]))
             path, (line, column) = _locate(loc, positions, at_key=error["type"] == "extra_forbidden")
-            issues.append(ProfileIssue(file, line, column, _dotted(path), _pydantic_message(error)))
+            if _dotted(path) not in refused:
+                issues.append(ProfileIssue(file, line, column, _dotted(path), _pydantic_message(error)))
         issues.sort(key=lambda issue: (issue.line, issue.column))
         raise ProfileError(_unique(issues)) from None
     if issues:

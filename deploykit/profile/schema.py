@@ -229,7 +229,8 @@ class SmokeSpec(_Strict):
 
 class DeploySpec(_Strict):
     startup_timeout_s: Annotated[int, Field(gt=0)] = 900
-    user: str = "vllm"
+    # A portable user name: it is written into User=/Group= and the sysusers line as it stands.
+    user: Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_-]{0,30}$")] = "vllm"
     image: str = "vllm/vllm-openai"  # the tag follows the vLLM version the plan targets
     replicas: Annotated[int, Field(ge=1)] = 1
     cache_dir: str = "/var/cache/deploykit"

@@ -67,6 +67,10 @@ def jinja_environment() -> jinja2.Environment:
         lstrip_blocks=True,
         autoescape=False,
     )
+    from deploykit.render.escape import comment, yaml_scalar
+
+    env.filters["comment"] = comment  # text inside a `#` line stays on that line, whatever it holds
+    env.filters["yaml_scalar"] = yaml_scalar
     return env
 
 

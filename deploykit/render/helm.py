@@ -60,6 +60,10 @@ VLLM_REQUESTS_CPU = {"cpu": "1", "memory": "2Gi"}
 # vLLM's processes (API server, engine core, workers) exchange requests and tensors through /dev/shm; a
 # container's default 64 MiB is too small even for one process group (vLLM's CPU build asked for 160 MiB in
 # the podman test), and tensor parallel workers need far more. Memory-backed: it counts as the pod's memory.
+# Run non-root, vLLM needs a writable HOME (Triton, torch.compile, Hugging Face write under it): an emptyDir.
+VLLM_HOME = "/home/vllm"
+# The UID the chart runs as where the cluster assigns none (nobody); a value, so OpenShift can null it.
+DEFAULT_UID = 65534
 SHM_SINGLE = "2Gi"
 SHM_TP = "16Gi"
 _VERSION_TAG = re.compile(r"^v?\d+\.\d+(\.\d+)?")
@@ -183,6 +187,35 @@ def probes(startup_timeout_s: int) -> dict[str, Any]:
     }
 
 
+def pod_security_context() -> dict[str, Any]:
+    """Every pod of the chart (vLLM's, the `helm test` hook) under Pod Security "restricted": not root, the
+    runtime's default seccomp profile. The UID is a value, never a template's: 65534 (nobody) where the
+    cluster assigns none (the vLLM image would run as root); on OpenShift, whose namespaces assign a UID
+    from their own range, set runAsUser, runAsGroup and fsGroup to null."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": DEFAULT_UID,
+        "runAsGroup": DEFAULT_UID,
+        "fsGroup": DEFAULT_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security_context(*, read_only_root: bool) -> dict[str, Any]:
+    """Every container's: no privilege escalation, no capabilities, not root, RuntimeDefault seccomp (the
+    restricted rules hold even where the pod's context is changed). vLLM writes its image's Python caches
+    and /tmp, so only the canary and the smoke test also get a read-only root."""
+    context: dict[str, Any] = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    if read_only_root:
+        context["readOnlyRootFilesystem"] = True
+    return context
+
+
 def canary_values() -> dict[str, Any]:
     """The canary sidecar and the timing of the vLLM probes that read its verdict (docs/deploy.md).
 
@@ -200,6 +233,7 @@ def canary_values() -> dict[str, Any]:
         "missLimit": CANARY_MISS_LIMIT,
         "verdictMaxAgeSeconds": VERDICT_MAX_AGE_S,
         "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+        "securityContext": container_security_context(read_only_root=True),
         "readiness": {"periodSeconds": PROBE_PERIOD_S, "timeoutSeconds": 10, "failureThreshold": 3},
         "liveness": {"periodSeconds": 20, "timeoutSeconds": 10, "failureThreshold": 3},
     }
@@ -286,8 +320,9 @@ def chart_values(plan: Plan, loaded: LoadedProfile, wheel: PluginWheel) -> tuple
         "serviceAccountName": "",
         "priorityClassName": "",
         "runtimeClassName": "",
-        "podSecurityContext": {},
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        "podSecurityContext": pod_security_context(),
+        "securityContext": container_security_context(read_only_root=False),
+        "home": {"path": VLLM_HOME},
         "probes": probes(profile.deploy.startup_timeout_s),
         "plugin": plugin_values(wheel),
         "canary": canary_values(),
@@ -296,6 +331,7 @@ def chart_values(plan: Plan, loaded: LoadedProfile, wheel: PluginWheel) -> tuple
             "pullPolicy": "IfNotPresent",
             "secretEnv": smoke_secret_env(plan, loaded),
             "expectFixes": ",".join(plan.enabled_fixes) or "none",
+            "securityContext": container_security_context(read_only_root=True),
         },
         "podDisruptionBudget": {"enabled": False, "maxUnavailable": 1, "minAvailable": ""},
         "metrics": {

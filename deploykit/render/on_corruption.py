@@ -1,28 +1,39 @@
 """The rendered canary unit's `ExecStopPost=+`: restart the server unit when, and only when, the canary
-ended with its corruption verdict (`deploykit canary --exit-on-corruption` exits 3 at the first wrong
-answer; slowness, misses, a crash or a stop never exit 3) — and at most `--max-restarts` times within
-`--window-s` seconds.
+ended with a status that asks for it (`--exit-status`, repeatable: `deploykit canary --exit-on-corruption`
+exits 3 at the first wrong answer; slowness, misses, a crash or a stop never do) — and at most
+`--max-restarts` times within `--window-s` seconds.
+
+It runs as root, so it trusts nothing the service user can write. The unit runs it as `python -I -m ...`
+(isolated: the working directory, which is the service's state directory, is not on `sys.path`, and no
+PYTHON* variable is read), so a module planted there is never imported. Its restart ledger lives in a
+root-owned directory (`--ledger-dir`, mode 0700, created here, refused when anyone else owns it or may
+write it), never in the state directory, and every open is relative to that directory's descriptor with
+O_NOFOLLOW: a symbolic link placed at the ledger's path is refused, never followed, and a ledger it cannot
+trust stops the server (fail closed: the cap cannot hold without it) instead of restarting it uncounted.
 
 systemd sets `$EXIT_CODE` (`exited`, `killed`, ...) and `$EXIT_STATUS` for ExecStopPost= commands; this
 reads them from its environment, so no shell and no `$` expansion are involved. Run as
-`python -m deploykit.render.on_corruption --restart UNIT.service [--state-dir DIR --max-restarts N
---window-s S --profile NAME]`.
+`python -I -m deploykit.render.on_corruption --restart UNIT.service [--exit-status N ...] [--ledger-dir DIR
+--state-dir DIR --max-restarts N --window-s S --profile NAME]`.
 
-Restart storms are bounded. With `--state-dir`, each corruption restart is written (a Unix time per line)
-to `DIR/corruption-restarts`. A corruption verdict when `--max-restarts` restarts already happened within
-the last `--window-s` seconds does not restart the server: it stops it (`systemctl stop --no-block`), so a
-model that turns corrupt again after every restart stops serving wrong answers instead of looping, and an
-operator decides (`systemctl start UNIT` after a look; the window forgets old restarts by itself). Each
-decision is one journal line and one row in deploykit's results store (`command=canary`, stage
-`corruption:restart` or `corruption:stopped`, verdict `fail`), written as the owner of the state
-directory (the service user) so the store stays the service's own. Standard library only, except the row,
-which imports deploykit's store in a child process; a row that cannot be written never blocks the decision.
+Restart storms are bounded. With `--ledger-dir`, each corruption restart is written (a Unix time per
+line) to `DIR/UNIT` (the server unit's name). A corruption verdict when `--max-restarts` restarts already
+happened within the last `--window-s` seconds does not restart the server: it stops it (`systemctl stop
+--no-block`), so a model that turns corrupt again after every restart stops serving wrong answers instead
+of looping, and an operator decides (`systemctl start UNIT` after a look; the window forgets old restarts
+by itself). Each decision is one journal line and one row in deploykit's results store (`command=canary`,
+stage `corruption:restart` or `corruption:stopped`, verdict `fail`), written by a child process (again
+`python -I`) running as the owner of `--state-dir` (the service user) so the store stays the service's
+own. Standard library only, except the row, which imports deploykit's store in the child; a row that
+cannot be written never blocks the decision.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -35,15 +46,23 @@ from deploykit.exit_codes import CORRUPT
 # The same restart budget as serve's in-process canary (constants only: no serve, no canary machinery).
 MAX_RESTARTS = defaults.MAX_RESTARTS_PER_HOUR
 WINDOW_S = int(defaults.RESTART_WINDOW_S)
-LEDGER_NAME = "corruption-restarts"
+# Root's own directory for the ledgers of every rendered profile (one file per server unit); the service
+# users can neither write nor list it.
+LEDGER_DIR = "/var/lib/deploykit-corruption"
+LEDGER_MAX_BYTES = 64 * 1024
 STAGE_RESTART = "corruption:restart"
 STAGE_STOPPED = "corruption:stopped"
 
 Record = Callable[[str, str, dict[str, float]], None]
 
 
-def corrupt_verdict(env: Mapping[str, str], code: int = CORRUPT) -> bool:
-    return env.get("EXIT_CODE") == "exited" and env.get("EXIT_STATUS") == str(code)
+class LedgerRefused(OSError):
+    """The ledger directory or file is not root's own regular file: nothing there is read or written."""
+
+
+def restart_verdict(env: Mapping[str, str], codes: Sequence[int] = (CORRUPT,)) -> bool:
+    """Did the canary exit (not get killed) with one of the statuses that restart the server?"""
+    return env.get("EXIT_CODE") == "exited" and env.get("EXIT_STATUS") in {str(code) for code in codes}
 
 
 def restart_command(unit: str) -> list[str]:
@@ -55,12 +74,49 @@ def stop_command(unit: str) -> list[str]:
     return ["systemctl", "stop", "--no-block", unit]
 
 
-def read_ledger(path: Path) -> list[float]:
-    """The restart times in the ledger; unreadable lines (and a missing file) count as nothing."""
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_ledger_dir(path: Path) -> int:
+    """A descriptor of `path`, created (0700) when missing; refused unless it is a real directory that this
+    process's user owns and nobody else may write (a link at `path` is refused, not followed)."""
+    if not path.is_absolute():
+        raise LedgerRefused(f"{path}: the ledger directory must be an absolute path")
+    parent = os.open(path.parent, _DIR_FLAGS)
     try:
-        text = path.read_text()
-    except OSError:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path.name, 0o700, dir_fd=parent)
+        try:
+            fd = os.open(path.name, _DIR_FLAGS, dir_fd=parent)
+        except OSError as exc:
+            raise LedgerRefused(f"{path}: not a directory of its own ({exc.strerror})") from None
+    finally:
+        os.close(parent)
+    info = os.fstat(fd)
+    if info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        os.close(fd)
+        raise LedgerRefused(
+            f"{path}: owned by uid {info.st_uid} with mode {stat.S_IMODE(info.st_mode):o}; the ledger "
+            f"directory must be uid {os.geteuid()}'s alone (mode 0700)"
+        )
+    return fd
+
+
+def read_ledger(directory: int, name: str) -> list[float]:
+    """The restart times in the ledger; a missing file counts as nothing, unreadable lines too; anything but
+    a regular file (a link, a FIFO) is refused."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=directory)
+    except FileNotFoundError:
         return []
+    except OSError as exc:
+        raise LedgerRefused(f"{name}: not a regular file ({exc.strerror})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise LedgerRefused(f"{name}: not a regular file")
+        text = os.read(fd, LEDGER_MAX_BYTES).decode("ascii", errors="replace")
+    finally:
+        os.close(fd)
     times = []
     for line in text.split():
         try:
@@ -75,25 +131,60 @@ def recent_restarts(times: Sequence[float], now: float, window_s: float) -> list
     return sorted(t for t in times if t > now - window_s)
 
 
-def write_ledger(path: Path, times: Sequence[float]) -> None:
-    """Atomically: a crash mid-write leaves the old ledger."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text("".join(f"{t:.3f}\n" for t in times))
-    os.replace(tmp, path)
+def past_restarts(ledger_dir: Path, unit: str, now: float, window_s: float) -> list[float]:
+    """`unit`'s restarts within the window, from its ledger in root's own directory (OSError: unusable)."""
+    directory = open_ledger_dir(ledger_dir)
+    try:
+        return recent_restarts(read_ledger(directory, unit), now, window_s)
+    finally:
+        os.close(directory)
+
+
+def count_restart(ledger_dir: Path, unit: str, times: Sequence[float]) -> None:
+    directory = open_ledger_dir(ledger_dir)
+    try:
+        write_ledger(directory, unit, times)
+    finally:
+        os.close(directory)
+
+
+def write_ledger(directory: int, name: str, times: Sequence[float]) -> None:
+    """Atomically, inside the directory's descriptor: a new file (O_EXCL, O_NOFOLLOW, 0600) renamed over the
+    old one, so a crash mid-write leaves the old ledger and no link is ever written through."""
+    tmp = f".{name}.{os.getpid()}"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp, dir_fd=directory)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp, flags, 0o600, dir_fd=directory)
+    try:
+        os.write(fd, "".join(f"{t:.3f}\n" for t in times).encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, name, src_dir_fd=directory, dst_dir_fd=directory)
 
 
 def record_row_as_owner(state_dir: Path, profile: str | None, env: Mapping[str, str]) -> Record:
     """A `Record` that stores the row from a child process running as the state directory's owner."""
 
     def record(stage: str, diagnosis: str, timings: dict[str, float]) -> None:
-        argv = [sys.executable, "-m", "deploykit.render.on_corruption", "--record-row", stage]
+        # -I: not even the service user's own state directory is put on sys.path.
+        argv = [sys.executable, "-I", "-m", "deploykit.render.on_corruption", "--record-row", stage]
         argv += ["--diagnosis", diagnosis, "--restarts", str(int(timings.get("restarts", 0)))]
         argv += ["--max-restarts", str(int(timings.get("max_restarts", 0)))]
         argv += ["--window-s", str(int(timings.get("window_s", 0)))]
         if profile:
             argv += ["--profile", profile]
-        owner = state_dir.stat()
-        as_owner = os.geteuid() == 0 and owner.st_uid != 0
+        try:
+            owner = state_dir.lstat()
+        except OSError as exc:
+            print(f"the {stage} row was not stored: {state_dir}: {exc.strerror}")
+            return
+        as_owner = os.geteuid() == 0
+        if as_owner and (not stat.S_ISDIR(owner.st_mode) or owner.st_uid == 0):
+            # Root writes nothing into the service's directory itself (a link there, or a store it follows).
+            print(f"the {stage} row was not stored: {state_dir} is not a directory of the service user's own")
+            return
         try:
             done = subprocess.run(
                 argv,
@@ -143,10 +234,18 @@ def main(
     record: Record | None = None,
     now: Callable[[], float] = time.time,
 ) -> int:
-    parser = argparse.ArgumentParser(prog="python -m deploykit.render.on_corruption", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -I -m deploykit.render.on_corruption", description=__doc__)
     parser.add_argument("--restart", metavar="UNIT", help="the server unit to restart")
-    parser.add_argument("--exit-status", type=int, default=CORRUPT, help="the canary's corruption code")
-    parser.add_argument("--state-dir", type=Path, help=f"the service's state directory (holds {LEDGER_NAME})")
+    parser.add_argument(
+        "--exit-status",
+        type=int,
+        action="append",
+        help=f"a canary exit status that restarts the server (repeatable; default {CORRUPT}, corruption)",
+    )
+    parser.add_argument("--ledger-dir", type=Path, help="root's own directory for the restart ledger")
+    parser.add_argument(
+        "--state-dir", type=Path, help="the service's state directory (its owner stores rows)"
+    )
     parser.add_argument("--max-restarts", type=int, default=MAX_RESTARTS, help="restarts allowed per window")
     parser.add_argument("--window-s", type=float, default=WINDOW_S, help="the window, in seconds")
     parser.add_argument("--profile", help="the profile's name, for the row")
@@ -161,31 +260,46 @@ def main(
         parser.error("--restart UNIT is required")
     env = os.environ if env is None else env
     ended = f"{env.get('EXIT_CODE', '?')} {env.get('EXIT_STATUS', '?')}"
-    if not corrupt_verdict(env, args.exit_status):
+    if not restart_verdict(env, args.exit_status or [CORRUPT]):
         print(f"canary ended ({ended}): not a corruption verdict, {args.restart} left alone")
         return 0
-    if args.state_dir is None:  # no ledger: no cap
+    if args.ledger_dir is None:  # no ledger: no cap
         print(f"canary ended ({ended}): the output is corrupt, restarting {args.restart}")
         return run(restart_command(args.restart))
     if record is None:
-        record = record_row_as_owner(args.state_dir, args.profile, env)
-    ledger = args.state_dir / LEDGER_NAME
+        record = (
+            record_row_as_owner(args.state_dir, args.profile, env)
+            if args.state_dir is not None
+            else lambda stage, diagnosis, timings: None
+        )
+    ledger = args.ledger_dir / args.restart
     moment = now()
-    times = recent_restarts(read_ledger(ledger), moment, args.window_s)
     limits = {"max_restarts": float(args.max_restarts), "window_s": float(args.window_s)}
     window = f"{args.window_s:.0f} s"
+    try:
+        times = past_restarts(args.ledger_dir, args.restart, moment, args.window_s)
+    except OSError as exc:
+        # Fail closed: without a ledger it can trust, the cap cannot hold, so no uncounted restart loop.
+        line = (
+            f"canary ended ({ended}): the output is corrupt, but the restart ledger {ledger} cannot be "
+            f"trusted ({exc}); it is left alone, and {args.restart} is stopped rather than restarted "
+            f"uncapped; look at {args.ledger_dir}, then `systemctl start {args.restart}`"
+        )
+        print(line)
+        record(STAGE_STOPPED, line, {"restarts": 0.0, **limits})
+        return run(stop_command(args.restart))
     if len(times) >= args.max_restarts:
         line = (
             f"canary ended ({ended}): the output is corrupt again after {len(times)} corruption restarts of "
             f"{args.restart} within {window} (the cap is {args.max_restarts}): stopping {args.restart} and "
-            f"leaving it stopped, no restart loop; look at the journal and the rows, then "
+            "leaving it stopped, no restart loop; look at the journal and the rows, then "
             f"`systemctl start {args.restart}`"
         )
         print(line)
         record(STAGE_STOPPED, line, {"restarts": float(len(times)), **limits})
         return run(stop_command(args.restart))
     try:
-        write_ledger(ledger, [*times, moment])
+        count_restart(args.ledger_dir, args.restart, [*times, moment])
     except OSError as exc:
         print(f"cannot write {ledger} ({exc}): this restart is not counted")
     line = (

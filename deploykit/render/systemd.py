@@ -7,15 +7,15 @@ the same vLLM command by construction.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
-from deploykit import net
+from deploykit import exit_codes, net
 from deploykit.canary import defaults as canary_defaults
 from deploykit.plugin_contract import ENTRY_POINT, ENTRY_POINT_NAME
+from deploykit.render import escape
 from deploykit.render.common import (
     RenderedFile,
     RenderError,
@@ -24,13 +24,12 @@ from deploykit.render.common import (
     jinja_environment,
     plain_env,
 )
+from deploykit.render.on_corruption import LEDGER_DIR
 
 if TYPE_CHECKING:
     from deploykit.plan import Plan
     from deploykit.profile.schema import LoadedProfile
 
-# Words systemd takes literally: no quotes, no escapes, no `$` expansion, no `%` specifiers.
-_PLAIN_WORD = re.compile(r"^[A-Za-z0-9_@+,./:=-]+$")
 ENV_DIR = "/etc/deploykit"
 # Beyond the profile's start-up time: process start, and the gap between health polls.
 START_TIMEOUT_MARGIN_S = 60
@@ -44,6 +43,9 @@ CANARY_PORT_OFFSET = 1400
 # verdict stops it (deploykit/render/on_corruption.py).
 CORRUPTION_MAX_RESTARTS = canary_defaults.MAX_RESTARTS_PER_HOUR
 CORRUPTION_WINDOW_S = int(canary_defaults.RESTART_WINDOW_S)
+# The canary's exit statuses that restart the server (through on_corruption, under the cap) and that must
+# not restart the canary by itself: one list, read by both lines of the canary unit.
+SERVER_RESTART_EXIT_STATUSES: tuple[int, ...] = (exit_codes.CORRUPT,)
 
 
 class SystemdOptions(BaseModel):
@@ -59,14 +61,8 @@ class SecretLine(BaseModel):
 
 
 def quote_word(word: str) -> str:
-    """One argv word for ExecStart=: `%` and `$` doubled (no specifier or variable expansion), quoted when
-    it holds anything but plain characters."""
-    escaped = word.replace("%", "%%").replace("$", "$$")
-    if _PLAIN_WORD.match(word):
-        return escaped
-    escaped = escaped.replace("\\", "\\\\").replace('"', '\\"')
-    escaped = escaped.replace("\n", "\\n").replace("\t", "\\t")
-    return f'"{escaped}"'
+    """One argv word for ExecStart= (deploykit.render.escape.systemd_exec_word)."""
+    return escape.systemd_exec_word(word)
 
 
 def command_line(argv: list[str]) -> str:
@@ -79,14 +75,6 @@ def command_line(argv: list[str]) -> str:
             lines.append([])
         lines[-1].append(quote_word(word))
     return " \\\n    ".join(" ".join(line) for line in lines)
-
-
-def environment_assignment(key: str, value: str) -> str:
-    """Environment= value: `%` doubled, quoted with backslash escapes (no `$` expansion happens here)."""
-    text = f"{key}={value}".replace("%", "%%")
-    if _PLAIN_WORD.match(f"{key}={value}"):
-        return text
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def unit_name(loaded: LoadedProfile) -> str:
@@ -216,7 +204,10 @@ def render_systemd(plan: Plan, loaded: LoadedProfile, options: SystemdOptions) -
     cache_dir = profile.deploy.cache_dir.rstrip("/")
     if not cache_dir.startswith("/"):
         raise RenderError(f"deploy.cache_dir must be an absolute path, got {profile.deploy.cache_dir!r}")
+    cache_path = escape.systemd_path(cache_dir, "deploy.cache_dir")
     cache_directory = cache_dir.removeprefix("/var/cache/") if cache_dir.startswith("/var/cache/") else ""
+    if cache_directory:
+        cache_directory = escape.systemd_path(cache_directory, "deploy.cache_dir", absolute=False)
     env_file = f"{ENV_DIR}/{profile.name}.env"
     profile_file = f"{ENV_DIR}/{profile.name}.yaml"
     url = smoke_url(loaded)
@@ -242,21 +233,28 @@ def render_systemd(plan: Plan, loaded: LoadedProfile, options: SystemdOptions) -
     canary_argv += ["--every", str(CANARY_EVERY_S), "--listen", listen, "--exit-on-corruption"]
     if "VLLM_API_KEY" in plan.secret_env:
         canary_argv += ["--api-key-env", "VLLM_API_KEY"]
-    on_corruption = [str(bin_dir / "python"), "-m", "deploykit.render.on_corruption"]
-    on_corruption += ["--restart", f"{unit}.service", "--state-dir", state_dir]
+    # `python -I`: run as root in the state directory (which the service user writes), so nothing there, nor
+    # any PYTHON* variable, may reach sys.path; the ledger is root's own (on_corruption.LEDGER_DIR).
+    on_corruption = [str(bin_dir / "python"), "-I", "-m", "deploykit.render.on_corruption"]
+    on_corruption += ["--restart", f"{unit}.service"]
+    for status in SERVER_RESTART_EXIT_STATUSES:
+        on_corruption += ["--exit-status", str(status)]
+    on_corruption += ["--ledger-dir", LEDGER_DIR, "--state-dir", state_dir]
     on_corruption += ["--max-restarts", str(CORRUPTION_MAX_RESTARTS), "--window-s", str(CORRUPTION_WINDOW_S)]
     on_corruption += ["--profile", profile.name]
     context = {
         "deploykit_version": __version__,
         "profile_name": profile.name,
         "profile_id": loaded.id,
-        "served_name": profile.served_name,
+        "description": escape.systemd_text(
+            f"vLLM serving {profile.served_name} (deploykit profile {profile.name})", "model.served_name"
+        ),
         "unit": unit,
         "smoke_unit": smoke_unit,
-        "user": profile.deploy.user,
+        "user": escape.systemd_user(profile.deploy.user),
         "state_dir": state_dir,
         "state_dir_name": state_dir_name,
-        "cache_dir": cache_dir,
+        "cache_dir": cache_path,
         "cache_directory": cache_directory,
         "exec_start": command_line([str(bin_dir / "vllm"), *plan.argv[1:]]),
         "wait_health": command_line(wait_health),
@@ -266,7 +264,7 @@ def render_systemd(plan: Plan, loaded: LoadedProfile, options: SystemdOptions) -
         # A plan that reads secrets must not start without them: no `-` (optional) prefix then.
         "env_file": env_file,
         "env_file_line": env_file if plan.secret_env else f"-{env_file}",
-        "environment": [environment_assignment(k, v) for k, v in environment.items()],
+        "environment": [escape.systemd_environment(k, v) for k, v in environment.items()],
         "device_allow": device_nodes(count, mig),
         "secrets": secrets,
         "smoke_ip_allow": smoke_ip_allow(loaded),
@@ -274,6 +272,8 @@ def render_systemd(plan: Plan, loaded: LoadedProfile, options: SystemdOptions) -
         "canary_exec": command_line(canary_argv),
         "on_corruption_exec": command_line(on_corruption),
         "canary_every_s": CANARY_EVERY_S,
+        "restart_exit_statuses": " ".join(str(status) for status in SERVER_RESTART_EXIT_STATUSES),
+        "ledger": f"{LEDGER_DIR}/{unit}.service",
         # Known-bad combinations that apply (deploykit advisories); applied ones are in the argv/env below.
         "advisories": [
             f"{a.id} ({', '.join(r.split(' ', 1)[0] for r in a.references)}): {a.outcome}"

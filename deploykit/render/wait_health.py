@@ -11,7 +11,7 @@ import argparse
 import sys
 import time
 
-from deploykit.net import health_ok
+from deploykit.net import health_ok, redact_url
 
 POLL_INTERVAL_S = 2.0
 
@@ -36,9 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     waited = wait_healthy(args.url, args.timeout_s, args.poll_interval_s)
     if waited is None:
-        print(f"{args.url} did not answer 200 within {args.timeout_s:.0f} s", file=sys.stderr)
+        print(f"{redact_url(args.url)} did not answer 200 within {args.timeout_s:.0f} s", file=sys.stderr)
         return 1
-    print(f"{args.url} healthy after {waited:.1f} s")
+    print(f"{redact_url(args.url)} healthy after {waited:.1f} s")
     return 0
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from deploykit import exit_codes
+from deploykit.net import redact_text
 from deploykit.profile.schema import SECRET_NAME
 
 if TYPE_CHECKING:
@@ -59,9 +60,9 @@ def secret_values(plan: Plan | None, parent: Mapping[str, str]) -> list[str]:
 
 
 def redact(text: str, secrets: Sequence[str]) -> str:
-    for secret in secrets:
-        text = text.replace(secret, REDACTED)
-    return _HF_TOKEN_SHAPE.sub(REDACTED, text)
+    """The one redactor (`net.redact_text`: URLs, header values, the secrets raw or as a repr shows them),
+    plus anything shaped like a Hugging Face token."""
+    return _HF_TOKEN_SHAPE.sub(REDACTED, redact_text(text, secrets))
 
 
 def plan_for_store(plan: Plan, argv: Sequence[str]) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
-from deploykit import __version__
+from deploykit import __version__, net
 from deploykit.serve.console import ConsoleUI
 from deploykit.serve.helpers import exit_code_for, print_verdict, redact, secret_values
 from deploykit.serve.stages import StageFailure, case_timings, check_plan, load
@@ -111,11 +111,14 @@ def run_remote_smoke(options: SmokeOptions, ui: ConsoleUI | None = None) -> int:
             raise StageFailure("profile", "give --profile P or --model NAME")
         api_key = None
         if key_env:
-            api_key = os.environ.get(key_env)
+            try:
+                api_key = net.secret_from_env(key_env, os.environ)
+            except net.SecretRefused as exc:
+                raise StageFailure("secrets", str(exc)) from None
             if not api_key:
                 raise StageFailure("secrets", f"the API key variable {key_env} is not set")
         record.stage = "smoke"
-        ui.say(f"smoke: {len(requests)} request(s) against {options.url}")
+        ui.say(f"smoke: {len(requests)} request(s) against {net.redact_url(options.url)}")
         report, status = smoke_with_fix_check(
             options.url,
             requests,

@@ -151,6 +151,11 @@ def launch_environment(plan: Plan, parent: Mapping[str, str]) -> dict[str, str]:
             "secrets",
             f"the profile takes these from the environment, but they are not set: {', '.join(missing)}",
         )
+    for variable in plan.secret_env.values():  # each travels in a header (the API key, HF_TOKEN): checked
+        try:
+            net.secret_from_env(variable, parent, what="secret")
+        except net.SecretRefused as exc:
+            raise StageFailure("secrets", str(exc)) from None
     for key, value in plan.env.items():
         source = plan.secret_env.get(key)
         env[key] = parent[source] if source is not None else value
@@ -212,8 +217,14 @@ def wait_healthy(
 
 
 def profile_api_key(profile: Profile, environ: Mapping[str, str] = os.environ) -> str | None:
-    """The key the profile's server expects (its `serve.api_key_env`), when it has one."""
-    return environ.get(profile.serve.api_key_env) if profile.serve.api_key_env else None
+    """The key the profile's server expects (its `serve.api_key_env`), when it has one; one that could not
+    travel in a header unchanged is refused naming the variable, never showing the value."""
+    if not profile.serve.api_key_env:
+        return None
+    try:
+        return net.secret_from_env(profile.serve.api_key_env, environ)
+    except net.SecretRefused as exc:
+        raise StageFailure("secrets", str(exc)) from None
 
 
 def smoke_attempt(attempt: Attempt, ui: ConsoleUI) -> SmokeReport:
@@ -225,7 +236,7 @@ def smoke_attempt(attempt: Attempt, ui: ConsoleUI) -> SmokeReport:
     profile = attempt.loaded.profile
     attempt.stage = "smoke"
     requests = requests_for_profile(profile)
-    ui.say(f"smoke: {len(requests)} request(s) against {attempt.base_url}")
+    ui.say(f"smoke: {len(requests)} request(s) against {net.redact_url(attempt.base_url)}")
     report, status = smoke_with_fix_check(
         attempt.base_url,
         requests,

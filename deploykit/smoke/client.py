@@ -24,7 +24,9 @@ def send(client: Any, request: SmokeRequest, timeout_s: float) -> Exchange:
     except httpx.TimeoutException:
         exchange.timed_out = True
     except httpx.HTTPError as exc:
-        exchange.transport_error = f"{type(exc).__name__}: {exc}"
+        from deploykit.net import redact_text  # an exception's text can carry the URL or a header value
+
+        exchange.transport_error = redact_text(f"{type(exc).__name__}: {exc}")
     else:
         exchange.status_code = response.status_code
         exchange.raw_text = response.text

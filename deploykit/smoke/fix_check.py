@@ -67,9 +67,10 @@ def read_status(base_url: str, *, timeout_s: float = 30.0, api_key: str | None =
     try:
         response = httpx.get(base_url.rstrip("/") + STATUS_PATH, headers=headers, timeout=timeout_s)
     except httpx.HTTPError as exc:
-        return ServerFixStatus(
-            route="error", detail=f"{type(exc).__name__}: {exc}", latency_s=time.monotonic() - started
-        )
+        from deploykit.net import redact_text  # an exception's text can carry the URL or a header value
+
+        detail = redact_text(f"{type(exc).__name__}: {exc}", [api_key or ""])
+        return ServerFixStatus(route="error", detail=detail, latency_s=time.monotonic() - started)
     elapsed = time.monotonic() - started
     if response.status_code == 404:
         return ServerFixStatus(route="missing", http_status=404, fixes_active={}, latency_s=elapsed)

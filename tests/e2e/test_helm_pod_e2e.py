@@ -8,7 +8,9 @@ it (the pod has no init container with the bundled wheel, so it stays Always). O
 fourth: with host networking (no bridges or firewall rules left on the machine) it refuses any container
 `ports` list ("PortMappings can only be used with Bridge or slirp4netns networking"), so the played copy has
 none; the containers listen on the same port numbers on the host, and the test reads the declared ports from
-the rendered spec. Only the Deployment and the
+the rendered spec. Two more, because vLLM runs non-root (Pod Security "restricted", UID 65534): podman
+creates emptyDirs root-owned 0755 where kubelet makes them 0777, so vLLM's HOME, cache and /dev/shm are
+host directories made 0777 first; and the tiny model is a world-readable copy. Only the Deployment and the
 ConfigMaps are played: the Service is kube-proxy's and the `helm test` pod needs cluster DNS (its command is
 run from the stock vLLM Python in tests/e2e/test_fix_status_e2e.py).
 
@@ -33,6 +35,7 @@ import base64
 import copy
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -147,7 +150,13 @@ def chart_pod(
 ) -> Iterator[ChartPod]:
     tmp = tmp_path_factory.mktemp("helm-pod")
     port, canary_port = free_port(), free_port()
-    chart = render_chart(tmp, tiny_model_dir, port)
+    # vLLM runs non-root in the pod (Pod Security "restricted"); the cached tiny model's weights are root's,
+    # mode 0600, so the pod gets a world-readable copy (as the nspawn fixture does for its service user).
+    model_dir = tmp / "model" / tiny_model_dir.name
+    shutil.copytree(tiny_model_dir.resolve(), model_dir)
+    for path in [model_dir.parent, model_dir, *model_dir.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    chart = render_chart(tmp, model_dir, port)
     rendered = subprocess.run(
         [find_helm(), "template", RELEASE, str(chart),
          "--set", f"canary.port={canary_port}", "--set", "canary.every=5"],
@@ -160,8 +169,19 @@ def chart_pod(
     for container in spec["containers"]:
         container.pop("ports")
     replace_images(spec, pod_base_image)
-    add_host_mounts(spec, None, extra_dirs=[tiny_model_dir])
+    add_host_mounts(spec, None, extra_dirs=[model_dir])
     set_restart_policy(spec)
+    # podman 4.3 creates an emptyDir root-owned, mode 0755, as the pod starts; kubelet creates every emptyDir
+    # world-writable (0777) before any container runs, which is what lets vLLM, run non-root under Pod
+    # Security "restricted", write its HOME, its cache and /dev/shm. The played copy backs those three by host
+    # directories made 0777 first, as kubelet would make them (shm_open needs no tmpfs, only the directory).
+    for volume in spec["volumes"]:
+        if volume["name"] in ("home", "cache", "dshm"):
+            directory = tmp / "emptydir" / volume["name"]
+            directory.mkdir(parents=True)
+            directory.chmod(0o777)
+            volume.pop("emptyDir")
+            volume["hostPath"] = {"path": str(directory), "type": "Directory"}
     key = base64.b16encode(os.urandom(12)).decode().lower()
     pod_runtime.secret_create("demo-pod-secrets", {"VLLM_API_KEY": key})
     yaml_text = dump_kube_yaml(played)

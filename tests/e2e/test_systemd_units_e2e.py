@@ -40,9 +40,10 @@ from pathlib import Path
 
 import pytest
 
-from deploykit.render.on_corruption import LEDGER_NAME, STAGE_RESTART, STAGE_STOPPED
+from deploykit.render.on_corruption import LEDGER_DIR, STAGE_RESTART, STAGE_STOPPED
 from deploykit.render.systemd import CORRUPTION_MAX_RESTARTS
 from tests.e2e.fault_worker import FAULT_KEY, TOKENS_ENV, WORKER_CLS
+from tests.e2e.nspawn_prefix import make_prefix
 from tests.e2e.nspawn_runtime import NspawnMachine, wait_for
 from tests.profile_variants import profile_variant
 from tests.vllm_harness import REPO, STARTUP_TIMEOUT_S
@@ -55,7 +56,9 @@ START_S = max(STARTUP_TIMEOUT_S, 600.0)
 # The canary's interval is the rendered 60 s: a corruption is seen within one interval and one run.
 DETECT_S = 300.0
 CANARY_RESTART_S = 180.0  # RestartSec=30 and the canary's start
-VENV_PYTHON = f"{sys.prefix}/bin/python"
+# The units' prefix: root-owned, made in the container, running this checkout (tests/e2e/nspawn_prefix.py).
+PREFIX = "/opt/deploykit-e2e"
+VENV_PYTHON = f"{PREFIX}/bin/python"
 
 ROWS = """
 import json
@@ -200,6 +203,8 @@ def render_and_install(machine: NspawnMachine, out: Path, name: str, port: int) 
             str(profile),
             "--out",
             str(rendered),
+            "--prefix",
+            PREFIX,
         ],
         capture_output=True,
         text=True,
@@ -249,6 +254,7 @@ def deployments(
     nspawn_machine: NspawnMachine, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Deployment, Deployment]]:
     out = tmp_path_factory.mktemp("systemd-units")
+    make_prefix(nspawn_machine, PREFIX)
     a = render_and_install(nspawn_machine, out, "dk-a", 8000)
     b = render_and_install(nspawn_machine, out, "dk-b", 8001)
     nspawn_machine.systemctl("daemon-reload")
@@ -464,7 +470,7 @@ def test_corruption_restarts_the_server_and_the_canary_turns_healthy(
     assert "NaN" in corrupt or "special/pad token" in corrupt, corrupt
     canary_log = a.journal(a.canary)
     assert f"restarting {a.unit} (corruption restart 1 of at most {CORRUPTION_MAX_RESTARTS}" in canary_log
-    ledger = a.machine.host_path(f"{a.state_dir}/{LEDGER_NAME}").read_text().split()
+    ledger = a.machine.host_path(f"{LEDGER_DIR}/{a.unit}").read_text().split()
     assert len(ledger) == 1, ledger
 
 
@@ -478,7 +484,7 @@ def test_restart_storm_stops_the_server_instead_of_looping(
     a.wait_active("before the storm")
     a.wait_healthy_canary()
     machine = a.machine
-    ledger_path = f"{a.state_dir}/{LEDGER_NAME}"
+    ledger_path = f"{LEDGER_DIR}/{a.unit}"
     recorded = machine.host_path(ledger_path).read_text().split()
     assert len(recorded) == 1, recorded  # the real restart of the test above
     # The cap's other restarts, as if they had happened minutes ago (3 real vLLM restarts would take minutes).

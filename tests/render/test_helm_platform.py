@@ -90,7 +90,10 @@ def test_standard_pod_fields_reach_the_pod(platform_docs: list[dict[str, Any]]) 
         "runtimeClassName",
     ):
         assert spec[key] == POD_FIELDS[key], key
-    assert spec["securityContext"] == POD_FIELDS["podSecurityContext"]
+    # Helm merges the user's map into the chart's (restricted: not root, RuntimeDefault); the user's keys win.
+    from deploykit.render.helm import pod_security_context
+
+    assert spec["securityContext"] == {**pod_security_context(), **POD_FIELDS["podSecurityContext"]}
     # The GPU toleration the facts need stays, the user's is added.
     keys = [t["key"] for t in spec["tolerations"]]
     assert keys == ["nvidia.com/gpu", "dedicated"]

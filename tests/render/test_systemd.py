@@ -108,6 +108,8 @@ def split_command_line(value: str) -> list[str]:
             i += 1
             if i < len(value) and value[i] not in " \t":
                 raise ValueError("text right after a closing quote")
+        elif value[i : i + 2] == "\\;" and value[i + 2 : i + 3] in ("", " ", "\t"):
+            word, i = ";", i + 2  # a literal `;` word (a bare one separates commands)
         else:
             while i < len(value) and value[i] not in " \t":
                 if value[i] in "\\\"'":
@@ -121,7 +123,7 @@ def split_command_line(value: str) -> list[str]:
 
 
 def test_command_line_reader_on_the_quoting_rules() -> None:
-    tricky = ["a b", 'say "hi"', "100%", "$HOME", "back\\slash", "tab\there", "", "plain-word=1"]
+    tricky = ["a b", 'say "hi"', "100%", "$HOME", "back\\slash", "tab\there", "", "plain-word=1", ";", "a;b"]
     assert split_command_line(" ".join(quote_word(w) for w in tricky)) == tricky
     assert quote_word("100%") == '"100%%"' and quote_word("$HOME") == '"$$HOME"'
     with pytest.raises(ValueError):

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from deploykit.render.on_corruption import LEDGER_NAME, STAGE_RESTART, STAGE_STOPPED
+from deploykit.render.on_corruption import LEDGER_DIR, STAGE_RESTART, STAGE_STOPPED
 from deploykit.render.on_corruption import main as on_corruption
 from tests.profile_variants import profile_variant
 from tests.render.test_systemd import (
@@ -75,8 +75,10 @@ def test_only_exit_3_restarts_the_server(turing_render: tuple[Path, dict[str, An
     assert post.startswith("+")
     argv = split_command_line(post[1:])
     assert argv[1:] == [
-        *("-m", "deploykit.render.on_corruption", "--restart", f"{UNIT}.service"),
-        *("--state-dir", f"/var/lib/{UNIT}", "--max-restarts", "3", "--window-s", "3600"),
+        # -I: root runs it in the service user's state directory, which must never reach sys.path
+        *("-I", "-m", "deploykit.render.on_corruption", "--restart", f"{UNIT}.service", "--exit-status", "3"),
+        *("--ledger-dir", LEDGER_DIR, "--state-dir", f"/var/lib/{UNIT}"),
+        *("--max-restarts", "3", "--window-s", "3600"),
         *("--profile", "gemma4-turing"),
     ]
     assert "after 3 corruption restarts within 3600 s" in text  # the policy, said in the unit
@@ -134,8 +136,12 @@ class Recorder:
         self.rows.append((stage, diagnosis, timings))
 
 
-def capped(state: Path, recorder: Recorder, at: float, env: dict[str, str] | None = None) -> int:
-    argv = ["--restart", "x.service", "--state-dir", str(state), "--max-restarts", "3", "--window-s", "3600"]
+LEDGER = "x.service"  # the ledger file: the server unit's name, in the ledger directory
+
+
+def capped(tmp: Path, recorder: Recorder, at: float, env: dict[str, str] | None = None) -> int:
+    argv = ["--restart", "x.service", "--ledger-dir", str(tmp / "ledger"), "--state-dir", str(tmp)]
+    argv += ["--max-restarts", "3", "--window-s", "3600"]
     return on_corruption(argv, env or CORRUPT, recorder.run, recorder.record, lambda: at)
 
 
@@ -144,7 +150,7 @@ def test_corruption_restarts_are_capped_per_window(tmp_path: Path) -> None:
     for i in range(3):  # three verdicts within the hour: three restarts, each counted
         assert capped(tmp_path, recorder, 1000.0 + 60 * i) == 0
     assert recorder.commands == [["systemctl", "restart", "--no-block", "x.service"]] * 3
-    assert len((tmp_path / LEDGER_NAME).read_text().split()) == 3
+    assert len((tmp_path / "ledger" / LEDGER).read_text().split()) == 3
     assert [stage for stage, _, _ in recorder.rows] == [STAGE_RESTART] * 3
     assert "corruption restart 3 of at most 3 within 3600 s" in recorder.rows[-1][1]
     # the fourth within the window stops the server and leaves it stopped: one line, one row, no restart
@@ -152,11 +158,11 @@ def test_corruption_restarts_are_capped_per_window(tmp_path: Path) -> None:
     assert recorder.commands[-1] == ["systemctl", "stop", "--no-block", "x.service"]
     stage, diagnosis, timings = recorder.rows[-1]
     assert stage == STAGE_STOPPED and "leaving it stopped" in diagnosis and timings["restarts"] == 3.0
-    assert len((tmp_path / LEDGER_NAME).read_text().split()) == 3  # a stop is not a restart
+    assert len((tmp_path / "ledger" / LEDGER).read_text().split()) == 3  # a stop is not a restart
     # an hour after the first restarts the window has forgotten them: a restart again
     assert capped(tmp_path, recorder, 1000.0 + 3600 + 61) == 0
     assert recorder.commands[-1] == ["systemctl", "restart", "--no-block", "x.service"]
-    assert len((tmp_path / LEDGER_NAME).read_text().split()) == 2
+    assert len((tmp_path / "ledger" / LEDGER).read_text().split()) == 2
 
 
 def test_a_non_corruption_end_never_counts_or_stops(tmp_path: Path) -> None:
@@ -164,15 +170,16 @@ def test_a_non_corruption_end_never_counts_or_stops(tmp_path: Path) -> None:
     for status in ("0", "1", "2"):
         assert capped(tmp_path, recorder, 1000.0, {"EXIT_CODE": "exited", "EXIT_STATUS": status}) == 0
     assert capped(tmp_path, recorder, 1000.0, {"EXIT_CODE": "killed", "EXIT_STATUS": "KILL"}) == 0
-    assert recorder.commands == [] and recorder.rows == [] and not (tmp_path / LEDGER_NAME).exists()
+    assert recorder.commands == [] and recorder.rows == [] and not (tmp_path / "ledger" / LEDGER).exists()
 
 
 def test_an_unreadable_ledger_line_is_ignored(tmp_path: Path) -> None:
-    (tmp_path / LEDGER_NAME).write_text("garbage\n999.0\n")
+    (tmp_path / "ledger").mkdir(mode=0o700)
+    (tmp_path / "ledger" / LEDGER).write_text("garbage\n999.0\n")
     recorder = Recorder()
     assert capped(tmp_path, recorder, 1000.0) == 0
     assert recorder.commands == [["systemctl", "restart", "--no-block", "x.service"]]
-    assert (tmp_path / LEDGER_NAME).read_text().split() == ["999.000", "1000.000"]
+    assert (tmp_path / "ledger" / LEDGER).read_text().split() == ["999.000", "1000.000"]
 
 
 def test_the_decision_row_is_stored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -215,3 +222,120 @@ def test_the_canary_port_stays_a_port_at_the_top_of_the_range(tmp_path: Path, tu
     canary = render(profile, turing_facts, tmp_path / "out")["deploykit-gemma4-turing-canary.service"]
     argv = split_command_line(unit_value(canary, "ExecStart"))
     assert argv[argv.index("--listen") + 1] == "127.0.0.1:63600"
+
+
+# --- the root helper trusts nothing the service user can write (issue 30, point 2) ------------------------
+
+
+def test_a_second_exit_status_restarts_too_when_listed() -> None:
+    ran: list[list[str]] = []
+
+    def run(command: list[str]) -> int:
+        ran.append(command)
+        return 0
+
+    env = {"EXIT_CODE": "exited", "EXIT_STATUS": "4"}
+    assert on_corruption(["--restart", "x.service", "--exit-status", "3"], env, run) == 0
+    assert ran == []
+    both = ["--restart", "x.service", "--exit-status", "3", "--exit-status", "4"]
+    assert on_corruption(both, env, run) == 0
+    assert ran == [["systemctl", "restart", "--no-block", "x.service"]]
+
+
+def test_a_symlinked_ledger_is_never_followed(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    (tmp_path / "ledger").mkdir(mode=0o700)
+    (tmp_path / "ledger" / LEDGER).symlink_to(victim)
+    recorder = Recorder()
+    assert capped(tmp_path, recorder, 1000.0) == 0
+    assert victim.read_text() == "precious\n"  # neither read as a ledger nor written through
+    assert (tmp_path / "ledger" / LEDGER).is_symlink()
+    # fail closed: a ledger it cannot trust cannot cap restarts, so the server is stopped, one line and row
+    assert recorder.commands == [["systemctl", "stop", "--no-block", "x.service"]]
+    ((stage, diagnosis, _),) = recorder.rows
+    assert stage == STAGE_STOPPED and "cannot be trusted" in diagnosis
+
+
+def test_a_symlinked_ledger_directory_is_refused(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    (tmp_path / "ledger").symlink_to(elsewhere)
+    recorder = Recorder()
+    assert capped(tmp_path, recorder, 1000.0) == 0
+    assert list(elsewhere.iterdir()) == []  # nothing written through the link
+    assert recorder.commands == [["systemctl", "stop", "--no-block", "x.service"]]
+
+
+def test_a_ledger_directory_others_may_write_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "ledger").mkdir()
+    (tmp_path / "ledger").chmod(0o777)
+    recorder = Recorder()
+    assert capped(tmp_path, recorder, 1000.0) == 0
+    assert list((tmp_path / "ledger").iterdir()) == []
+    assert recorder.commands == [["systemctl", "stop", "--no-block", "x.service"]]
+
+
+def test_the_ledger_directory_is_made_private(tmp_path: Path) -> None:
+    recorder = Recorder()
+    assert capped(tmp_path, recorder, 1000.0) == 0
+    assert (tmp_path / "ledger").stat().st_mode & 0o777 == 0o700
+    assert (tmp_path / "ledger" / LEDGER).stat().st_mode & 0o777 == 0o600
+
+
+PLANTED = """
+import os, sys
+open(os.environ["PLANTED_MARK"], "w").write(str(os.geteuid()))
+sys.exit(0)
+"""
+
+
+@pytest.mark.parametrize("isolated", [True, False])
+def test_a_module_planted_in_the_working_directory_is_never_imported(tmp_path: Path, isolated: bool) -> None:
+    """The unit's command line, run from a directory holding a planted deploykit/render/on_corruption.py:
+    with `-I` (as rendered) the real helper runs; without it (the old line) the planted one would."""
+    import os
+    import subprocess
+    import sys
+
+    state = tmp_path / "state"
+    planted = state / "deploykit" / "render"
+    planted.mkdir(parents=True)
+    for folder in (state / "deploykit", planted):
+        (folder / "__init__.py").write_text("")
+    (planted / "on_corruption.py").write_text(PLANTED)
+    mark = tmp_path / "planted-ran"
+    argv = [sys.executable, *(["-I"] if isolated else []), "-m", "deploykit.render.on_corruption"]
+    argv += ["--restart", "x.service"]  # no EXIT_* variables: the real helper leaves it alone
+    env = {"PATH": os.environ["PATH"], "PLANTED_MARK": str(mark)}
+    if not isolated:
+        env["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")
+    done = subprocess.run(argv, cwd=state, env=env, capture_output=True, text=True, timeout=60)
+    if isolated:
+        assert not mark.exists(), "the planted module ran"
+        assert done.returncode == 0 and "not a corruption verdict" in done.stdout, done.stdout + done.stderr
+    else:
+        assert mark.exists()  # the attack the old command line allowed
+
+
+def test_root_stores_no_row_in_a_state_directory_that_is_not_the_service_users(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Root never writes the row itself: only a child running as the state directory's (non-root) owner
+    does; a root-owned directory or a link in its place gets a journal line and no row."""
+    import os
+
+    from deploykit.render.on_corruption import record_row_as_owner
+
+    if os.geteuid() != 0:
+        pytest.skip("runs as root only: the helper's privileged path")
+    state = tmp_path / "state"
+    state.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "link").symlink_to(elsewhere)
+    for directory in (state, tmp_path / "link"):
+        env = {"XDG_DATA_HOME": str(directory), "PATH": os.environ["PATH"]}
+        record_row_as_owner(directory, "p", env)(STAGE_RESTART, "restarting", {"restarts": 1.0})
+        assert "is not a directory of the service user's own" in capsys.readouterr().out
+    assert list(state.iterdir()) == [] and list(elsewhere.iterdir()) == []
