@@ -41,7 +41,7 @@ from deploykit.smoke.consistency import (
 from deploykit.smoke.image import smoke_image_data_url, smoke_image_png
 from deploykit.smoke.judge import judge, summarise
 from deploykit.smoke.models import FIRST_IDS_KEPT, CaseResult, Endpoint, Exchange, SmokeReport, SmokeRequest
-from deploykit.smoke.tokens import special_token_ids
+from deploykit.smoke.tokens import special_token_ids, vocab_size
 
 __all__ = [
     "CONSISTENCY_TOP_LOGPROBS",
@@ -77,4 +77,5 @@ __all__ = [
     "special_token_ids",
     "summarise",
     "top2_gap",
+    "vocab_size",
 ]

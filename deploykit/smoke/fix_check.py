@@ -167,6 +167,7 @@ def smoke_with_fix_check(
     tie_tolerance: float,
     logprob_tolerance: float,
     on_case: Callable[[CaseResult], None] | None = None,
+    vocab_size: int | None = None,
 ) -> tuple[SmokeReport, ServerFixStatus]:
     """The smoke cases, then the fix check as one more case: what `serve` and `smoke` both judge a server by.
 
@@ -180,6 +181,7 @@ def smoke_with_fix_check(
         timeout_s=timeout_s,
         api_key=api_key,
         special_ids=special_ids,
+        vocab_size=vocab_size,
         on_case=on_case,
         tie_tolerance=tie_tolerance,
         logprob_tolerance=logprob_tolerance,

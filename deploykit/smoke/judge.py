@@ -198,7 +198,7 @@ def judge(
     problems: list[str] = []
     if impossible:
         where = (
-            f"the model's vocabulary of {vocab_size}" if vocab_size is not None else "any vLLM model's ids"
+            f"the model's vocabulary of {vocab_size}" if vocab_size is not None else "vLLM's int32 token ids"
         )
         shown = excerpt(str(impossible[0]), 40)
         problems.append(
