@@ -11,23 +11,24 @@ that answers 2 GB grows the reader to 2 GB. `fetch` bounds both, whatever the se
   cap is refused before the body is read), so memory stays at the cap plus one chunk.
 
 It never raises for anything the server or the network does: the `Reply` says what happened, in one line.
-Standard library only (`http.client`), cheap to import: the systemd unit's `wait_health`, in the service's
-sandbox, uses it through `net.health_ok`. No `*_proxy` variable is read: deploykit talks to the server it
-was pointed at. The caps are in docs/fail-closed.md.
+Standard library only (`http.client`, imported at the first request), cheap to import: the systemd
+unit's `wait_health`, in the service's sandbox, uses it through `net.health_ok`. No `*_proxy` variable
+is read: deploykit talks to the server it was pointed at. The caps are in docs/fail-closed.md.
 """
 
 from __future__ import annotations
 
 import contextlib
-import http.client
 import json
 import socket
 import threading
 import time
-import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    import http.client
 
 MIB = 1024 * 1024
 
@@ -107,6 +108,9 @@ class _Watchdog:
 
 def _connection(url: str, timeout_s: float) -> tuple[http.client.HTTPConnection, str]:
     """The connection for `url` and the request target (path and query). Raises ValueError."""
+    import http.client  # here: importing the smoke's records (the store does) needs no HTTP client
+    import urllib.parse
+
     parts = urllib.parse.urlsplit(url)
     port = parts.port  # ValueError for a port that is not one
     if not parts.hostname:
@@ -130,6 +134,8 @@ def fetch(
 ) -> Reply:
     """One request to `url`, ended at `deadline_s` seconds (connect to last byte) or `max_bytes` of body,
     whichever comes first; never raises for the server's or the network's doing."""
+    import http.client
+
     started = time.monotonic()
     deadline = started + deadline_s
     cap = describe_cap(max_bytes)

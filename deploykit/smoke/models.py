@@ -106,7 +106,8 @@ Count = Annotated[int, Field(ge=0)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+    # Built at the first answer, not at import: the store imports this module for `CaseResult`.
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True, defer_build=True)
 
 
 class AnswerUsage(_Strict):

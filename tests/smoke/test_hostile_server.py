@@ -147,7 +147,7 @@ def test_deploykit_smoke_stores_one_row_and_prints_no_traceback(mode: str, tmp_p
     store = f"sqlite:///{tmp_path / 'results.sqlite'}"
     with Hostile(mode).serving() as url:
         result = subprocess.run(
-            [sys.executable, "-m", "deploykit", "smoke", "--url", url, "--model", MODEL, "--timeout", "2"],
+            [sys.executable, "-m", "deploykit", "smoke", "--url", url, "--model", MODEL, "--timeout", "1"],
             capture_output=True,
             text=True,
             timeout=120,
