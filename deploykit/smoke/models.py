@@ -102,7 +102,8 @@ def _logprob_value(value: Any) -> Any:
 
 Logprob = Annotated[float | None, BeforeValidator(_logprob_value)]
 TokenId = int
-Count = Annotated[int, Field(ge=0)]
+Count = Annotated[int, Field(ge=0, lt=2**31)]
+"""A token count: no prompt or answer vLLM serves has 2**31 tokens."""
 
 
 class _Strict(BaseModel):
