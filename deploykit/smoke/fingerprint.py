@@ -275,7 +275,8 @@ def parse_answer(prompt: str, body: Any) -> ProbeAnswer | None:
             row: dict[int, float] = {}
             for key, value in (entry or {}).items():
                 _, sep, number = str(key).rpartition("token_id:")
-                if not sep or not isinstance(value, int | float) or not math.isfinite(value):
+                number_like = isinstance(value, int | float) and not isinstance(value, bool)
+                if not sep or not number_like or not math.isfinite(value):
                     return None
                 row[int(number)] = float(value)
             top.append(row)
