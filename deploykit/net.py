@@ -115,15 +115,12 @@ def health_url(url: str) -> str:
 
 
 def health_ok(url: str, timeout_s: float = 5.0) -> bool:
-    """Does `url` (a /health URL) answer 200?"""
-    import urllib.error
-    import urllib.request  # here, not at the top: it costs ~20 ms that `render` and `plan` do not need
+    """Does `url` (a /health URL) answer 200, all of it within `timeout_s` (a server that trickles bytes
+    is as down as one that hangs) and within `http_bounded.HEALTH_CAP_BYTES`?"""
+    from deploykit.http_bounded import HEALTH_CAP_BYTES, fetch  # here: `render` and `plan` do not need it
 
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
-            return int(response.status) == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
+    reply = fetch(url, deadline_s=timeout_s, max_bytes=HEALTH_CAP_BYTES)
+    return reply.ok and reply.status == 200
 
 
 def server_url_problem(url: str) -> str | None:

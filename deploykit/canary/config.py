@@ -1,8 +1,11 @@
-"""`deploykit canary`'s options, checked, and the `CanaryConfig` they make: cases, served name and limits
-from the profile, else from the server's own `/v1/models`.
+"""The canary's settings, declared and checked once (`CanarySettings`), `deploykit canary`'s options, and
+the `CanaryConfig` they make: cases, served name and limits from the profile, else from the server's own
+`/v1/models`.
 
-The options are checked here, not only by the CLI's option types: a canary that sends its runs back to back
-(`every_s` NaN) is a load generator, and one with a zero timeout only ever misses.
+Every command that runs a canary (`deploykit canary`, `deploykit serve --canary-every`, the units and the
+chart that `render` writes, which run `deploykit canary`) checks its timing through `CanarySettings`, not
+only through the CLI's option types: a canary that sends its runs back to back (`every_s` 0.01 or NaN) is
+a load generator, and one with a zero timeout only ever misses.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
 from deploykit.canary import defaults
 from deploykit.canary.rotation import rotation_for
 from deploykit.canary.runner import CanaryConfig
@@ -20,8 +25,76 @@ from deploykit.errors import CanaryError
 if TYPE_CHECKING:
     from deploykit.profile.schema import Profile
 
-MIN_EVERY_S = 0.1
+MIN_EVERY_S = defaults.MIN_EVERY_S
 """The shortest interval: a canary next to user traffic must leave it room."""
+
+
+class CanarySettings(BaseModel):
+    """How often the canary runs, how long it waits, how often it reads vLLM's NaN counter, how many misses
+    it allows: the one place these are declared and checked."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    every_s: float = defaults.EVERY_S
+    timeout_s: float | None = None
+    metrics_every_s: float = defaults.METRICS_EVERY_S
+    miss_limit: int = defaults.MISS_LIMIT
+
+    @field_validator("every_s")
+    @classmethod
+    def _every(cls, value: float) -> float:
+        if not (math.isfinite(value) and value >= MIN_EVERY_S):
+            raise ValueError(f"must be a number of seconds of at least {MIN_EVERY_S:g} between runs")
+        return value
+
+    @field_validator("timeout_s")
+    @classmethod
+    def _timeout(cls, value: float | None) -> float | None:
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ValueError("must be a positive number of seconds per request")
+        return value
+
+    @field_validator("metrics_every_s")
+    @classmethod
+    def _metrics_every(cls, value: float) -> float:
+        if not (math.isfinite(value) and (value == 0 or value >= MIN_EVERY_S)):
+            raise ValueError(
+                f"must be 0 (off) or a number of seconds of at least {MIN_EVERY_S:g} between reads of the "
+                "server's /metrics"
+            )
+        return value
+
+    @field_validator("miss_limit")
+    @classmethod
+    def _miss_limit(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError("must be at least 1")
+        return value
+
+
+CANARY_FLAGS = {
+    "every_s": "--every",
+    "timeout_s": "--timeout",
+    "metrics_every_s": "--metrics-every",
+    "miss_limit": "--miss-limit",
+}
+"""`deploykit canary`'s option for each setting."""
+
+SERVE_FLAGS = {"every_s": "--canary-every"}
+"""`deploykit serve`'s option for each setting it takes (the rest are the defaults)."""
+
+
+def check_settings(flags: dict[str, str] | None = None, **values: float | int | None) -> CanarySettings:
+    """`CanarySettings(**values)`, or one CanaryError naming the option (`flags`: setting → option, by
+    default `deploykit canary`'s) and the value given."""
+    names = CANARY_FLAGS if flags is None else flags
+    try:
+        return CanarySettings.model_validate(values)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = str(error["loc"][0]) if error["loc"] else ""
+        message = str(error["msg"]).removeprefix("Value error, ")
+        raise CanaryError(f"{names.get(field, field)} {values.get(field)}: {message}") from None
 
 
 @dataclass
@@ -44,29 +117,19 @@ class CanaryOptions:
     metrics_every_s: float = defaults.METRICS_EVERY_S
 
 
-def check_options(options: CanaryOptions) -> None:
+def check_options(options: CanaryOptions) -> CanarySettings:
     """Refuse what no canary can run with, before anything starts: one CanaryError naming the option."""
     from deploykit.net import redact_url, server_url_problem
 
     problem = server_url_problem(options.url)
     if problem is not None:
         raise CanaryError(f"--url {redact_url(options.url)!r}: {problem}")
-    if not (math.isfinite(options.every_s) and options.every_s >= MIN_EVERY_S):
-        raise CanaryError(
-            f"--every {options.every_s}: must be a number of seconds of at least {MIN_EVERY_S:g} between runs"
-        )
-    if options.timeout_s is not None and not (math.isfinite(options.timeout_s) and options.timeout_s > 0):
-        raise CanaryError(f"--timeout {options.timeout_s}: must be a positive number of seconds per request")
-    if not (
-        math.isfinite(options.metrics_every_s)
-        and (options.metrics_every_s == 0 or options.metrics_every_s >= MIN_EVERY_S)
-    ):
-        raise CanaryError(
-            f"--metrics-every {options.metrics_every_s}: must be 0 (off) or a number of seconds of at least "
-            f"{MIN_EVERY_S:g} between reads of the server's /metrics"
-        )
-    if options.miss_limit < 1:
-        raise CanaryError(f"--miss-limit {options.miss_limit}: must be at least 1")
+    return check_settings(
+        every_s=options.every_s,
+        timeout_s=options.timeout_s,
+        metrics_every_s=options.metrics_every_s,
+        miss_limit=options.miss_limit,
+    )
 
 
 def build_config(options: CanaryOptions) -> CanaryConfig:
@@ -151,7 +214,7 @@ def config_for_profile(
 ) -> CanaryConfig:
     """The canary of a profile's server: its rotation, served name, limits and smoke tolerances; no reads
     of vLLM's NaN counter when the profile's server does not export it."""
-    from deploykit.smoke import first_adapter, special_token_ids
+    from deploykit.smoke import first_adapter, special_token_ids, vocab_size
 
     return CanaryConfig(
         url=url,
@@ -161,6 +224,7 @@ def config_for_profile(
         timeout_s=timeout_s or profile.smoke.timeout_s,
         api_key=api_key,
         special_ids=special_token_ids(model_path),
+        vocab_size=vocab_size(model_path),
         max_model_len=profile.serve.max_model_len,
         tie_tolerance=profile.smoke.tie_tolerance,
         logprob_tolerance=profile.smoke.logprob_tolerance,

@@ -12,6 +12,10 @@ from typing import Literal
 EVERY_S = 60.0
 """Seconds between runs, start to start."""
 
+MIN_EVERY_S = 0.1
+"""The shortest interval between runs (and between reads of vLLM's /metrics): a canary next to user traffic
+must leave it room. `config.CanarySettings` enforces it for every command that runs a canary."""
+
 LISTEN = "127.0.0.1:9400"
 """`deploykit canary`'s `/healthz`, `/livez` and `/metrics` address (loopback)."""
 

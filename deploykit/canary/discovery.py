@@ -24,20 +24,27 @@ def served_models(
     """The models vLLM's `/v1/models` lists; None when nothing answered in time (refused, timed out, or
     busy: HTTP 5xx/429, whatever its body, as a proxy in front of a loading vLLM says). Raises CanaryError
     when something answered that is not vLLM, or that refuses the API key."""
-    import httpx
+    import json
+
+    from deploykit.http_bounded import LISTING_CAP_BYTES, fetch
 
     where = f"{redact_url(url.rstrip('/'))}/v1/models"
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    try:
-        response = httpx.get(url.rstrip("/") + "/v1/models", headers=headers, timeout=timeout_s)
-    except httpx.HTTPError:
+    reply = fetch(
+        url.rstrip("/") + "/v1/models", headers=headers, deadline_s=timeout_s, max_bytes=LISTING_CAP_BYTES
+    )
+    if reply.failure in ("deadline", "transport"):
         return None
-    code = response.status_code
+    code = reply.status or 0
     if code >= 500 or code == 429:
         return None
+    if reply.failure == "too_big":
+        raise CanaryError(
+            f"{where} answered HTTP {code}: {reply.problem}: this is not a vLLM server; {WAY_OUT}"
+        )
     try:
-        body = response.json()
-    except ValueError:
+        body = json.loads(reply.text)
+    except (ValueError, RecursionError):
         body = None
     if code in (401, 403) and isinstance(body, dict):
         raise CanaryError(
@@ -49,7 +56,7 @@ def served_models(
         what = (
             "JSON that is not a model list"
             if body is not None
-            else describe_body(response.text, response.headers.get("content-type", ""))
+            else describe_body(reply.text, reply.headers.get("content-type", ""))
         )
         raise CanaryError(f"{where} answered HTTP {code} with {what}: this is not a vLLM server; {WAY_OUT}")
     return [model for model in models if isinstance(model, dict)]
@@ -68,9 +75,10 @@ def discover_model(url: str, api_key: str | None, wanted: str | None) -> tuple[s
             "server is busy); start the server first, or give --profile"
         )
     for model in models:
-        if wanted is None or model.get("id") == wanted:
+        if isinstance(model.get("id"), str) and (wanted is None or model.get("id") == wanted):
             length = model.get("max_model_len")
-            return str(model["id"]), int(length) if isinstance(length, int) else None
+            usable = isinstance(length, int) and not isinstance(length, bool) and length > 0
+            return str(model["id"]), length if usable else None
     served = ", ".join(model_ids(models)) or "no model"
     raise CanaryError(f"{redact_url(url)} does not serve {wanted!r}; it serves {served}")
 

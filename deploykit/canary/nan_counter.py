@@ -6,9 +6,13 @@ With `VLLM_COMPUTE_NANS_IN_LOGITS=1` vLLM counts such requests itself (when each
 GET of /metrics every `metrics_every_s` seconds catches them within seconds of the answer.
 
 A counter only grows, except when the server restarts: then it starts again from zero. A restart is seen
-by the series' `_created` time (or the process start time) changing, else by the value going down; either
-way everything the new process counted is new. The first reading is the baseline: what the server counted
-before the canary looked is reported once as a warning, never as a verdict the canary did not see happen.
+by the series' `_created` time (or the process start time) changing, and then everything the new process
+counted is new. A value that goes down with no such change is a reset, never new NaN requests: the new
+value is the baseline. Each series (one per engine) is followed on its own, so one engine's reset does not
+hide another's growth, and an OpenMetrics exemplar after a value is not taken for it.
+
+The first reading is the baseline: what the server counted before the canary looked is reported once as a
+warning, never as a verdict the canary did not see happen.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from deploykit.canary import defaults
+from deploykit.http_bounded import METRICS_CAP_BYTES
 
 TOTAL = defaults.NAN_COUNTER + "_total"
 CREATED = defaults.NAN_COUNTER + "_created"
@@ -32,56 +37,114 @@ class CounterReading:
     total: float
     started: float | None
     """The series' creation time (else the process start time): a change means a new server process."""
+    series: tuple[tuple[str, float, float | None], ...] = ()
+    """Per series (one per engine and model): its labels as written, its value, its `_created` time."""
+
+    def by_series(self) -> dict[str, tuple[float, float | None]]:
+        """labels → (value, created); one unnamed series when the reading was made without them."""
+        if not self.series:
+            return {"": (self.total, self.started)}
+        return {labels: (value, created) for labels, value, created in self.series}
 
 
-def _sample(line: str) -> tuple[str, float] | None:
-    """`name{labels} value [timestamp]` → (name, value); None for comments and lines that are not one."""
+@dataclass(frozen=True)
+class Sample:
+    """One line of a Prometheus or OpenMetrics text page: `name{labels} value [timestamp] [# exemplar]`."""
+
+    name: str
+    labels: str
+    value: float
+
+
+def _label_end(line: str, start: int) -> int:
+    """The index of the `}` closing the label set opened at `start`; -1 when it is not closed. A `}` inside a
+    quoted label value (escapes included) does not close it."""
+    quoted = False
+    index = start + 1
+    while index < len(line):
+        char = line[index]
+        if quoted:
+            if char == "\\":
+                index += 2
+                continue
+            if char == '"':
+                quoted = False
+        elif char == '"':
+            quoted = True
+        elif char == "}":
+            return index
+        index += 1
+    return -1
+
+
+def parse_sample(line: str) -> Sample | None:
+    """One sample line; None for comments, blank lines and lines that are not one. An OpenMetrics exemplar
+    after the value (`... 3.0 # {trace_id="a"} 1.0 1700000000`) is not the value."""
     if not line or line[0] == "#":
         return None
-    name_end = min((i for i in (line.find("{"), line.find(" ")) if i >= 0), default=-1)
-    if name_end <= 0:
+    name_end = len(line)
+    for index, char in enumerate(line):
+        if char in "{ \t":
+            name_end = index
+            break
+    if name_end == 0:
         return None
-    rest = line[line.rindex("}") + 1 :] if line[name_end] == "{" and "}" in line else line[name_end:]
-    fields = rest.split()
+    labels = ""
+    rest_at = name_end
+    if name_end < len(line) and line[name_end] == "{":
+        close = _label_end(line, name_end)
+        if close < 0:
+            return None
+        labels, rest_at = line[name_end + 1 : close], close + 1
+    fields = line[rest_at:].partition("#")[0].split()
     if not fields:
         return None
     try:
-        return line[:name_end], float(fields[0])
+        return Sample(line[:name_end], labels, float(fields[0]))
     except ValueError:
         return None
 
 
 def read_counter(text: str) -> CounterReading | None:
-    """The NaN counter in a Prometheus text page, summed over its series (one per engine); None when the
-    page has none (vLLM started without `VLLM_COMPUTE_NANS_IN_LOGITS=1`)."""
-    total: float | None = None
-    created: float | None = None
+    """The NaN counter in a Prometheus text page, per series (one per engine) and summed; None when the page
+    has none (vLLM started without `VLLM_COMPUTE_NANS_IN_LOGITS=1`)."""
+    values: dict[str, float] = {}
+    created_by_labels: dict[str, float] = {}
     process_start: float | None = None
     for line in text.splitlines():
         if not line.startswith((TOTAL, CREATED, PROCESS_START)):
             continue
-        sample = _sample(line)
-        if sample is None or not math.isfinite(sample[1]):
+        sample = parse_sample(line)
+        if sample is None or not math.isfinite(sample.value):
             continue
-        name, value = sample
-        if name == TOTAL:
-            total = (total or 0.0) + value
-        elif name == CREATED:
-            created = value if created is None else min(created, value)
-        elif name == PROCESS_START:
-            process_start = value
-    if total is None:
+        if sample.name == TOTAL and sample.value >= 0:
+            values[sample.labels] = sample.value  # a series written twice: the last one
+        elif sample.name == CREATED:
+            created_by_labels[sample.labels] = sample.value
+        elif sample.name == PROCESS_START:
+            process_start = sample.value
+    if not values:
         return None
-    return CounterReading(total=total, started=created if created is not None else process_start)
+    created = min(created_by_labels.values()) if created_by_labels else None
+    series = tuple((labels, value, created_by_labels.get(labels)) for labels, value in sorted(values.items()))
+    return CounterReading(
+        total=sum(values.values()),
+        started=created if created is not None else process_start,
+        series=series,
+    )
 
 
 @dataclass
 class CounterWatch:
-    """What the readings so far say (pure: no clock, no I/O): the last one, and how much each new one adds."""
+    """What the readings so far say (pure: no clock, no I/O): the last one, and how much each new one adds.
+
+    A counter only grows. A series that went down without its process changing was reset (or is not a
+    counter): that is a new baseline, never new NaN requests; `resets` counts them for a warning."""
 
     last: CounterReading | None = None
     before_watch: float = 0.0
     """What the server had counted before the first reading (not seen happen, so only warned about)."""
+    resets: int = 0
 
     def observe(self, reading: CounterReading) -> float:
         """Take a reading; returns the requests with NaN logits counted since the previous one."""
@@ -89,9 +152,29 @@ class CounterWatch:
         if previous is None:
             self.before_watch = reading.total
             return 0.0
-        new_process = None not in (reading.started, previous.started) and reading.started != previous.started
-        restarted = new_process or reading.total < previous.total
-        return reading.total if restarted else reading.total - previous.total
+        if None not in (reading.started, previous.started) and reading.started != previous.started:
+            return reading.total  # a new server process: everything it counted is new
+        before = previous.by_series()
+        grown = 0.0
+        for labels, (value, created) in reading.by_series().items():
+            if labels not in before:
+                continue  # a series that appeared: its first value is its baseline
+            old, old_created = before[labels]
+            if None not in (created, old_created) and created != old_created:
+                grown += value  # this engine's series was created anew: all it counted is new
+            elif value > old:
+                grown += value - old
+            elif value < old:
+                self.resets += 1
+        return grown
+
+
+class MetricsUnread(Exception):
+    """The server's /metrics could not be read this time (no answer in time, too big, not 200)."""
+
+    def __init__(self, message: str, *, too_big: bool = False) -> None:
+        super().__init__(message)
+        self.too_big = too_big
 
 
 @dataclass
@@ -108,28 +191,40 @@ class NanCounterPoller:
     """Called after every successful read (None: the page has no NaN counter)."""
     on_warning: Callable[[str], None] | None = None
     watch: CounterWatch | None = None
+    max_bytes: int = METRICS_CAP_BYTES
 
     def __post_init__(self) -> None:
         self.watch = self.watch or CounterWatch()
         self._absent_said = False
+        self._too_big_said = False
 
     def fetch(self) -> CounterReading | Exception | None:
         """One GET of /metrics: the reading, None when there is no NaN counter, or the error."""
-        import httpx
+        from deploykit.http_bounded import fetch
 
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        try:
-            response = httpx.get(self.url.rstrip("/") + "/metrics", headers=headers, timeout=self.timeout_s)
-            response.raise_for_status()
-        except httpx.HTTPError as exc:
-            return exc
-        return read_counter(response.text)
+        reply = fetch(
+            self.url.rstrip("/") + "/metrics",
+            headers=headers,
+            deadline_s=self.timeout_s,
+            max_bytes=self.max_bytes,
+        )
+        if not reply.ok:
+            return MetricsUnread(
+                f"the server's /metrics: {reply.problem}", too_big=reply.failure == "too_big"
+            )
+        if reply.status != 200:
+            return MetricsUnread(f"the server's /metrics answered HTTP {reply.status}")
+        return read_counter(reply.text)
 
     def poll_once(self) -> float:
         """Read once and report; returns the growth seen (0 when none, or when the read failed)."""
         assert self.watch is not None
         result = self.fetch()
         if isinstance(result, Exception):
+            if isinstance(result, MetricsUnread) and result.too_big and not self._too_big_said:
+                self._too_big_said = True  # said once: the page is re-read every few seconds
+                self._warn(f"{result}: vLLM's NaN counter is not read while it is that big")
             return 0.0  # the probe runs judge an unreachable server; a failed read waits for the next
         if self.on_reading is not None:
             self.on_reading(result)
@@ -142,7 +237,14 @@ class NanCounterPoller:
                 )
             return 0.0
         first = self.watch.last is None
+        previous_total = None if first else self.watch.last.total  # type: ignore[union-attr]
+        resets = self.watch.resets
         grown = self.watch.observe(result)
+        if self.watch.resets > resets:
+            self._warn(
+                f"vLLM's {TOTAL} went down ({previous_total:g} → {result.total:g}) with no restart seen: "
+                "taken as a reset of the counter, not as requests with NaN logits"
+            )
         if first and result.total > 0:
             self._warn(
                 f"the server had already counted {result.total:g} request(s) with NaN logits before the "

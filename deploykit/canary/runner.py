@@ -40,6 +40,8 @@ class CanaryConfig:
     timeout_s: float = defaults.REQUEST_TIMEOUT_S
     api_key: str | None = None
     special_ids: frozenset[int] = frozenset()
+    vocab_size: int | None = None
+    """Every generated id must be below it (the model's config.json); None: vLLM's int32 bound."""
     max_model_len: int | None = None
     tie_tolerance: float = 0.05
     logprob_tolerance: float = 0.05
@@ -138,6 +140,7 @@ class Canary:
             timeout_s=self.config.timeout_s,
             api_key=self.config.api_key,
             special_ids=self.config.special_ids,
+            vocab_size=self.config.vocab_size,
             tie_tolerance=self.config.tie_tolerance,
             logprob_tolerance=self.config.logprob_tolerance,
         )

@@ -23,7 +23,9 @@ def canary(
     every: Annotated[
         float,
         typer.Option(
-            "--every", parser=seconds(0.1), help="Seconds between runs (start to start), at least 0.1."
+            "--every",
+            parser=seconds(defaults.MIN_EVERY_S),
+            help=f"Seconds between runs (start to start), at least {defaults.MIN_EVERY_S:g}.",
         ),
     ] = defaults.EVERY_S,
     metrics_every: Annotated[

@@ -57,7 +57,8 @@ def serve(
         typer.Option(
             "--canary-every",
             parser=seconds(0.0),
-            help="While serving, check the output with the canary every S seconds (0: no canary).",
+            help=f"While serving, check the output with the canary every S seconds (at least "
+            f"{canary_defaults.MIN_EVERY_S:g}; 0: no canary).",
         ),
     ] = canary_defaults.EVERY_S,
     canary_listen: Annotated[
@@ -98,6 +99,14 @@ def serve(
     from deploykit.cli.options import fail, parse_fix_overrides
     from deploykit.serve.attempt import ServeOptions, run_serve
 
+    if canary_every > 0:  # 0: no canary; any other interval is checked as `deploykit canary --every` is
+        from deploykit.canary.config import SERVE_FLAGS, check_settings
+        from deploykit.errors import CanaryError
+
+        try:
+            check_settings(SERVE_FLAGS, every_s=canary_every)
+        except CanaryError as exc:
+            fail(f"serve: {exc}")
     if canary_listen is not None:
         from deploykit.canary.listener import parse_listen
 

@@ -73,6 +73,7 @@ def run_remote_smoke(options: SmokeOptions, ui: ConsoleUI | None = None) -> int:
         requests_for_profile,
         smoke_requests,
         special_token_ids,
+        vocab_size,
     )
     from deploykit.smoke.fix_check import smoke_with_fix_check
     from deploykit.store import ResultRecord, open_store
@@ -93,6 +94,7 @@ def run_remote_smoke(options: SmokeOptions, ui: ConsoleUI | None = None) -> int:
             timeout = options.timeout_s or profile.smoke.timeout_s
             key_env = options.api_key_env or profile.serve.api_key_env
             special = special_token_ids(resolve_model_path(profile))
+            vocab = vocab_size(resolve_model_path(profile))
             expected = (
                 options.expect_fixes
                 if options.expect_fixes is not None
@@ -105,6 +107,7 @@ def run_remote_smoke(options: SmokeOptions, ui: ConsoleUI | None = None) -> int:
             timeout = options.timeout_s or 120.0
             key_env = options.api_key_env
             special = frozenset()
+            vocab = None
             expected = options.expect_fixes or []
             tie, logprob = DEFAULT_TIE_TOLERANCE, DEFAULT_LOGPROB_TOLERANCE
         else:
@@ -126,6 +129,7 @@ def run_remote_smoke(options: SmokeOptions, ui: ConsoleUI | None = None) -> int:
             timeout_s=timeout,
             api_key=api_key,
             special_ids=special,
+            vocab_size=vocab,
             tie_tolerance=tie,
             logprob_tolerance=logprob,
             on_case=ui.case,

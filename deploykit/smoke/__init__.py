@@ -6,10 +6,12 @@ One module per job, so each rule can be tested without a server:
   `consistency`  two answers to one greedy request → where they part, a near tie or a real change (pure),
   `client`       the requests over HTTP, each answer judged (`run_smoke`),
   `fix_check`    the server's `/deploykit/status` against the plan's fixes, as one more case,
-  `models`, `image`, `tokens`: the records, the image case's PNG, a model's special token ids.
+  `models`, `image`, `tokens`: the records (and the strict shape of an answer), the image case's PNG, a
+  model's special token ids and vocabulary size.
 
-The names below are the package's public surface; they are cheap to import (httpx loads on the first
-request), because the store reads `CaseResult` from every row.
+Every request is one bounded read (`deploykit.http_bounded`: a whole-request deadline, a size cap). The
+names below are the package's public surface; they are cheap to import, because the store reads
+`CaseResult` from every row.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from deploykit.smoke.consistency import (
 from deploykit.smoke.image import smoke_image_data_url, smoke_image_png
 from deploykit.smoke.judge import judge, summarise
 from deploykit.smoke.models import FIRST_IDS_KEPT, CaseResult, Endpoint, Exchange, SmokeReport, SmokeRequest
-from deploykit.smoke.tokens import special_token_ids
+from deploykit.smoke.tokens import special_token_ids, vocab_size
 
 __all__ = [
     "CONSISTENCY_TOP_LOGPROBS",
@@ -77,4 +79,5 @@ __all__ = [
     "special_token_ids",
     "summarise",
     "top2_gap",
+    "vocab_size",
 ]

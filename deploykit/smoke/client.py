@@ -1,41 +1,87 @@
 """The smoke over HTTP: send each request (a consistency group's concurrent ones together), judge each
-answer, compare each with the one it must equal. httpx is imported only when a request is sent."""
+answer, compare each with the one it must equal. Every request is one bounded read
+(`deploykit.http_bounded.fetch`): a deadline for the whole request and a cap on the answer's size."""
 
 from __future__ import annotations
 
 import json
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass, field
 
+from deploykit.http_bounded import ANSWER_CAP_BYTES, fetch
 from deploykit.smoke.consistency import DEFAULT_LOGPROB_TOLERANCE, DEFAULT_TIE_TOLERANCE, judge_consistency
 from deploykit.smoke.judge import judge, summarise
 from deploykit.smoke.models import CaseResult, Exchange, SmokeReport, SmokeRequest
 
 
-def send(client: Any, request: SmokeRequest, timeout_s: float) -> Exchange:
-    """POST one request; never raises for HTTP trouble, the Exchange says what happened."""
-    import httpx
+@dataclass(frozen=True)
+class Server:
+    """Where the requests go and what goes with each: the base URL, the API key's header, the size cap."""
 
-    started = time.monotonic()
-    exchange = Exchange(timeout_s=timeout_s)
-    try:
-        response = client.post(request.endpoint, json=request.body, timeout=timeout_s)
-    except httpx.TimeoutException:
+    base_url: str
+    headers: dict[str, str] = field(default_factory=dict)
+    max_bytes: int = ANSWER_CAP_BYTES
+
+    @classmethod
+    def at(cls, base_url: str, api_key: str | None = None, max_bytes: int = ANSWER_CAP_BYTES) -> Server:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        return cls(base_url.rstrip("/"), headers, max_bytes)
+
+
+def send(server: Server, request: SmokeRequest, timeout_s: float) -> Exchange:
+    """POST one request, ended at `timeout_s` all told (connect to last byte) or at the size cap; never
+    raises for HTTP trouble, the Exchange says what happened."""
+    reply = fetch(
+        server.base_url + request.endpoint,
+        method="POST",
+        json_body=request.body,
+        headers=server.headers,
+        deadline_s=timeout_s,
+        max_bytes=server.max_bytes,
+    )
+    exchange = Exchange(timeout_s=timeout_s, latency_s=reply.elapsed_s, status_code=reply.status)
+    if reply.failure == "deadline":
         exchange.timed_out = True
-    except httpx.HTTPError as exc:
+    elif reply.failure == "too_big":
+        exchange.too_big = reply.problem
+    elif reply.failure == "transport":
         from deploykit.net import redact_text  # an exception's text can carry the URL or a header value
 
-        exchange.transport_error = redact_text(f"{type(exc).__name__}: {exc}")
+        exchange.transport_error = redact_text(reply.problem)
     else:
-        exchange.status_code = response.status_code
-        exchange.raw_text = response.text
+        exchange.raw_text = reply.text
         try:
-            exchange.body = json.loads(response.text)  # json accepts NaN/Infinity, which the rules want
-        except ValueError:
+            exchange.body = json.loads(exchange.raw_text)  # json accepts NaN/Infinity, which the rules want
+        except (ValueError, RecursionError):
             exchange.body = None
-    exchange.latency_s = time.monotonic() - started
     return exchange
+
+
+def judged(
+    request: SmokeRequest,
+    exchange: Exchange,
+    special_ids: frozenset[int] = frozenset(),
+    vocab_size: int | None = None,
+) -> CaseResult:
+    """`judge`, and a failed case (never an exception) should the answer break a rule's reading of it."""
+    try:
+        return judge(request, exchange, special_ids, vocab_size)
+    except Exception as exc:  # the judge validates first; this is the floor under it
+        return _unjudged(request, exchange, exc)
+
+
+def _unjudged(request: SmokeRequest, exchange: Exchange, exc: Exception) -> CaseResult:
+    return CaseResult(
+        name=request.name,
+        kind=request.kind,
+        endpoint=request.endpoint,
+        model=request.model,
+        passed=False,
+        http_status=exchange.status_code,
+        latency_s=round(exchange.latency_s, 4),
+        diagnosis=f"the answer could not be judged ({type(exc).__name__}: {str(exc)[:200]})",
+    )
 
 
 def batches(requests: Sequence[SmokeRequest]) -> list[list[SmokeRequest]]:
@@ -62,30 +108,30 @@ def run_smoke(
     timeout_s: float,
     api_key: str | None = None,
     special_ids: frozenset[int] = frozenset(),
+    vocab_size: int | None = None,
     on_case: Callable[[CaseResult], None] | None = None,
     tie_tolerance: float = DEFAULT_TIE_TOLERANCE,
     logprob_tolerance: float = DEFAULT_LOGPROB_TOLERANCE,
 ) -> SmokeReport:
-    """Send each request in order and judge it; `on_case(result)` is called after each."""
-    import httpx
-
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    """Send each request in order and judge it; `on_case(result)` is called after each. One result per
+    request, whatever the server answered."""
+    server = Server.at(base_url, api_key)
     started = time.monotonic()
     results: list[CaseResult] = []
     done: dict[str, tuple[SmokeRequest, Exchange, CaseResult]] = {}
-    with httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s) as client:
-        for batch in batches(requests):
-            if len(batch) == 1:
-                exchanges = [send(client, batch[0], timeout_s)]
-            else:
-                from concurrent.futures import ThreadPoolExecutor
+    for batch in batches(requests):
+        if len(batch) == 1:
+            exchanges = [send(server, batch[0], timeout_s)]
+        else:
+            from concurrent.futures import ThreadPoolExecutor
 
-                with ThreadPoolExecutor(max_workers=len(batch)) as pool:
-                    exchanges = list(pool.map(lambda r: send(client, r, timeout_s), batch))
-            for request, exchange in zip(batch, exchanges, strict=True):
-                result = judge(request, exchange, special_ids)
-                reference = done.get(request.compare_to) if request.compare_to else None
-                if reference is not None:
+            with ThreadPoolExecutor(max_workers=len(batch)) as pool:
+                exchanges = list(pool.map(lambda r: send(server, r, timeout_s), batch))
+        for request, exchange in zip(batch, exchanges, strict=True):
+            result = judged(request, exchange, special_ids, vocab_size)
+            reference = done.get(request.compare_to) if request.compare_to else None
+            if reference is not None:
+                try:
                     result = judge_consistency(
                         request,
                         result,
@@ -97,8 +143,10 @@ def run_smoke(
                         tie_tolerance=tie_tolerance,
                         logprob_tolerance=logprob_tolerance,
                     )
-                done[request.name] = (request, exchange, result)
-                results.append(result)
-                if on_case is not None:
-                    on_case(result)
+                except Exception as exc:  # as in `judged`: a result, never a traceback
+                    result = _unjudged(request, exchange, exc)
+            done[request.name] = (request, exchange, result)
+            results.append(result)
+            if on_case is not None:
+                on_case(result)
     return summarise(results, time.monotonic() - started)

@@ -266,14 +266,17 @@ def parse_answer(prompt: str, body: Any) -> ProbeAnswer | None:
     """A probe's answer from a /v1/completions body; None when it has no ids or a logprob is not finite."""
     try:
         choice = body["choices"][0]
-        ids = [int(i) for i in choice["token_ids"]]
+        ids = choice["token_ids"]
+        if not isinstance(ids, list) or not all(type(i) is int and 0 <= i < 2**31 for i in ids):
+            return None  # a bool, float, string or impossible id is no token id
         entries = (choice.get("logprobs") or {}).get("top_logprobs") or []
         top: list[dict[int, float]] = []
         for entry in entries:
             row: dict[int, float] = {}
             for key, value in (entry or {}).items():
                 _, sep, number = str(key).rpartition("token_id:")
-                if not sep or not isinstance(value, int | float) or not math.isfinite(value):
+                number_like = isinstance(value, int | float) and not isinstance(value, bool)
+                if not sep or not number_like or not math.isfinite(value):
                     return None
                 row[int(number)] = float(value)
             top.append(row)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from deploykit.smoke.client import send
+from deploykit.smoke.client import Server, send
 from deploykit.smoke.fingerprint import (
     PROBE_PROMPTS,
     Fingerprint,
@@ -59,7 +59,9 @@ def _answers(requests: Sequence[SmokeRequest], exchanges: Sequence[Exchange]) ->
         if answer is None:
             why = exchange.transport_error or ("timeout" if exchange.timed_out else http_problem(exchange))
             busy = exchange.status_code is None or exchange.status_code >= 500 or exchange.status_code == 429
-            if exchange.status_code == 200:
+            if exchange.too_big is not None:
+                why, busy = exchange.too_big, False
+            elif exchange.status_code == 200:
                 why = "no token ids, or a logprob that is NaN or infinite"
             raise ProbeFailed(f"{request.name}: no usable answer ({why})", miss=busy)
         answers.append(answer)
@@ -78,17 +80,14 @@ def take_fingerprint(
     tolerance_override: float | None = None,
 ) -> Fingerprint:
     """The probe set's answers (`readings` 2: alone, then together; 1: together). Raises ProbeFailed."""
-    import httpx
-
     requests = _requests(served_name, top_k)
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    with httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s) as client:
-        together_readings: list[list[ProbeAnswer]] = []
-        if readings >= 2:
-            together_readings.append(_answers(requests, [send(client, r, timeout_s) for r in requests]))
-        with ThreadPoolExecutor(max_workers=len(requests)) as pool:
-            exchanges = list(pool.map(lambda r: send(client, r, timeout_s), requests))
-        together_readings.append(_answers(requests, exchanges))
+    server = Server.at(base_url, api_key)
+    together_readings: list[list[ProbeAnswer]] = []
+    if readings >= 2:
+        together_readings.append(_answers(requests, [send(server, r, timeout_s) for r in requests]))
+    with ThreadPoolExecutor(max_workers=len(requests)) as pool:
+        exchanges = list(pool.map(lambda r: send(server, r, timeout_s), requests))
+    together_readings.append(_answers(requests, exchanges))
     first = together_readings[0]
     noise = reading_noise(first, together_readings[-1]) if len(together_readings) > 1 else 0.0
     name = normalise_dtype(dtype)

@@ -58,27 +58,32 @@ def parse_expect_fixes(text: str, known: Iterable[str]) -> list[str]:
 def read_status(base_url: str, *, timeout_s: float = 30.0, api_key: str | None = None) -> ServerFixStatus:
     """GET the status route with the server's API key (the route answers 401 without it when the server has
     one); never raises for HTTP trouble."""
-    import time
+    import json
 
-    import httpx
+    from deploykit.http_bounded import LISTING_CAP_BYTES, fetch
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    started = time.monotonic()
-    try:
-        response = httpx.get(base_url.rstrip("/") + STATUS_PATH, headers=headers, timeout=timeout_s)
-    except httpx.HTTPError as exc:
+    reply = fetch(
+        base_url.rstrip("/") + STATUS_PATH, headers=headers, deadline_s=timeout_s, max_bytes=LISTING_CAP_BYTES
+    )
+    elapsed = reply.elapsed_s
+    if not reply.ok:
         from deploykit.net import redact_text  # an exception's text can carry the URL or a header value
 
-        detail = redact_text(f"{type(exc).__name__}: {exc}", [api_key or ""])
-        return ServerFixStatus(route="error", detail=detail, latency_s=time.monotonic() - started)
-    elapsed = time.monotonic() - started
-    if response.status_code == 404:
+        return ServerFixStatus(
+            route="error",
+            http_status=reply.status,
+            detail=redact_text(reply.problem, [api_key or ""]),
+            latency_s=elapsed,
+        )
+    response_status = reply.status or 0
+    if response_status == 404:
         return ServerFixStatus(route="missing", http_status=404, fixes_active={}, latency_s=elapsed)
     try:
-        body: Any = response.json()
-    except ValueError:
+        body: Any = json.loads(reply.text)
+    except (ValueError, RecursionError):
         body = None
-    if response.status_code == 401:  # the route is guarded like /v1 when the server has an API key
+    if response_status == 401:  # the route is guarded like /v1 when the server has an API key
         why = (
             "the key sent was refused"
             if api_key
@@ -90,20 +95,22 @@ def read_status(base_url: str, *, timeout_s: float = 30.0, api_key: str | None =
             detail=f"HTTP 401: the server requires its API key; {why}",
             latency_s=elapsed,
         )
-    if response.status_code != 200 or not isinstance(body, dict):
+    if response_status != 200 or not isinstance(body, dict):
         return ServerFixStatus(
             route="error",
-            http_status=response.status_code,
-            detail=f"HTTP {response.status_code}: {response.text[:200]}",
+            http_status=response_status,
+            detail=f"HTTP {response_status}: {reply.text[:200]}",
             latency_s=elapsed,
         )
     active = body.get("fixes_active")
+    requested = body.get("fixes_requested")
+    engine_error = body.get("engine_error")
     return ServerFixStatus(
         route="ok",
         http_status=200,
-        fixes_requested=[str(n) for n in body.get("fixes_requested") or []],
+        fixes_requested=[str(n) for n in requested] if isinstance(requested, list) else [],
         fixes_active={str(k): str(v) for k, v in active.items()} if isinstance(active, dict) else {},
-        engine_error=body.get("engine_error"),
+        engine_error=None if engine_error is None else str(engine_error)[:500],
         latency_s=elapsed,
     )
 
@@ -165,6 +172,7 @@ def smoke_with_fix_check(
     tie_tolerance: float,
     logprob_tolerance: float,
     on_case: Callable[[CaseResult], None] | None = None,
+    vocab_size: int | None = None,
 ) -> tuple[SmokeReport, ServerFixStatus]:
     """The smoke cases, then the fix check as one more case: what `serve` and `smoke` both judge a server by.
 
@@ -178,6 +186,7 @@ def smoke_with_fix_check(
         timeout_s=timeout_s,
         api_key=api_key,
         special_ids=special_ids,
+        vocab_size=vocab_size,
         on_case=on_case,
         tie_tolerance=tie_tolerance,
         logprob_tolerance=logprob_tolerance,

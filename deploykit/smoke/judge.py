@@ -9,49 +9,100 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
 from deploykit.smoke.bodies import excerpt
-from deploykit.smoke.models import FIRST_IDS_KEPT, CaseResult, Exchange, SmokeReport, SmokeRequest
+from deploykit.smoke.models import (
+    FIRST_IDS_KEPT,
+    CaseResult,
+    ChatAnswer,
+    CompletionAnswer,
+    Exchange,
+    SmokeReport,
+    SmokeRequest,
+)
 
 _OUT_OF_RANGE_HINTS = ("out of range float", "not json compliant")
 
 
+UNKNOWN_VOCAB_BOUND = 2**31
+"""The token id bound when the model's vocabulary size is not known: vLLM holds token ids as int32, so no
+model it serves can emit an id at or past 2**31 (nor a negative one). With the model's config.json at hand
+(`tokens.vocab_size`) the bound is its vocabulary."""
+
+
 @dataclass
 class _Answer:
-    """The parts of a completion or chat answer the rules read."""
+    """The parts of a completion or chat answer the rules read, validated (`models.CompletionAnswer`)."""
 
     token_ids: list[int] | None
     text: str | None
     finish_reason: str | None
     logprobs: list[float | None] = field(default_factory=list)
+    chosen: int | None = None
+    """How many generated tokens came with their own logprob; None: the answer has no logprobs."""
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
 
 
 def _parse_answer(endpoint: str, body: dict[str, Any]) -> _Answer:
-    choice = body["choices"][0]
-    usage = body.get("usage") or {}
-    raw_ids = choice.get("token_ids")
-    ids = [int(i) for i in raw_ids] if isinstance(raw_ids, list) else None
+    """Raises pydantic's ValidationError for an answer not shaped (and typed) like an OpenAI one."""
     values: list[float | None] = []
-    logprobs = choice.get("logprobs") or {}
+    chosen: int | None = None
     if endpoint == "/v1/chat/completions":
-        text = (choice.get("message") or {}).get("content")
-        for entry in logprobs.get("content") or []:
-            values.append(entry.get("logprob"))
-            values.extend(top.get("logprob") for top in entry.get("top_logprobs") or [])
-    else:
-        text = choice.get("text")
-        values.extend(logprobs.get("token_logprobs") or [])
-        for top in logprobs.get("top_logprobs") or []:
+        chat = ChatAnswer.model_validate(body)
+        choice, usage = chat.choices[0], chat.usage
+        text = choice.message.content if choice.message is not None else None
+        if choice.logprobs is not None and choice.logprobs.content is not None:
+            entries = choice.logprobs.content
+            chosen = sum(1 for entry in entries if entry.logprob is not None)
+            for entry in entries:
+                values.append(entry.logprob)
+                values.extend(top.logprob for top in entry.top_logprobs or [])
+        return _Answer(
+            token_ids=choice.token_ids,
+            text=text,
+            finish_reason=choice.finish_reason,
+            logprobs=values,
+            chosen=chosen,
+            prompt_tokens=usage.prompt_tokens if usage else None,
+            completion_tokens=usage.completion_tokens if usage else None,
+        )
+    completion = CompletionAnswer.model_validate(body)
+    one, usage = completion.choices[0], completion.usage
+    if one.logprobs is not None and one.logprobs.token_logprobs is not None:
+        values.extend(one.logprobs.token_logprobs)
+        chosen = sum(1 for value in one.logprobs.token_logprobs if value is not None)
+    if one.logprobs is not None:
+        for top in one.logprobs.top_logprobs or []:
             values.extend((top or {}).values())
     return _Answer(
-        token_ids=ids,
-        text=text,
-        finish_reason=choice.get("finish_reason"),
+        token_ids=one.token_ids,
+        text=one.text,
+        finish_reason=one.finish_reason,
         logprobs=values,
-        prompt_tokens=usage.get("prompt_tokens"),
-        completion_tokens=usage.get("completion_tokens"),
+        chosen=chosen,
+        prompt_tokens=usage.prompt_tokens if usage else None,
+        completion_tokens=usage.completion_tokens if usage else None,
     )
+
+
+def first_error(exc: ValidationError) -> str:
+    """A validation error in one line: where in the answer, what is wrong, what came."""
+    errors = exc.errors()
+    if not errors:
+        return str(exc).splitlines()[0]
+    error = errors[0]
+    where = ".".join(str(part) for part in error["loc"]) or "the answer"
+    shown = excerpt(repr(error.get("input")), 60)
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{where}: {error['msg'].lower()}, got {shown}{more}"
+
+
+def asked_for_logprobs(request: SmokeRequest) -> bool:
+    """The request asked for the chosen tokens' logprobs (completions: `logprobs` N; chat: true)."""
+    asked = request.body.get("logprobs")
+    return asked is not None and asked is not False
 
 
 def _non_finite(values: Iterable[float | None]) -> list[float]:
@@ -87,8 +138,14 @@ def http_problem(exchange: Exchange) -> str:
     return f"HTTP {code}{hint}: {message}"
 
 
-def judge(request: SmokeRequest, exchange: Exchange, special_ids: frozenset[int] = frozenset()) -> CaseResult:
-    """Every rule one answer must pass; all problems found, most fundamental first."""
+def judge(
+    request: SmokeRequest,
+    exchange: Exchange,
+    special_ids: frozenset[int] = frozenset(),
+    vocab_size: int | None = None,
+) -> CaseResult:
+    """Every rule one answer must pass; all problems found, most fundamental first. Never raises: an answer
+    that cannot be judged is a failed case that says why."""
     result = CaseResult(
         name=request.name,
         kind=request.kind,
@@ -107,6 +164,9 @@ def judge(request: SmokeRequest, exchange: Exchange, special_ids: frozenset[int]
         result.diagnosis = f"request failed: {exchange.transport_error}"
         result.miss = True
         return result
+    if exchange.too_big is not None:
+        result.diagnosis = f"the answer cannot be judged: {exchange.too_big}"
+        return result
     if exchange.status_code != 200:
         result.diagnosis = http_problem(exchange)
         busy = (exchange.status_code or 0) >= 500 or exchange.status_code == 429
@@ -118,12 +178,16 @@ def judge(request: SmokeRequest, exchange: Exchange, special_ids: frozenset[int]
         return result
     try:
         answer = _parse_answer(request.endpoint, body)
-    except (AttributeError, KeyError, TypeError, ValueError) as exc:
-        result.diagnosis = f"the answer is not shaped like an OpenAI {request.endpoint} answer ({exc!r})"
+    except ValidationError as exc:
+        result.diagnosis = (
+            f"the answer is not a well-formed OpenAI {request.endpoint} answer: {first_error(exc)}"
+        )
         return result
 
     ids = answer.token_ids or []
-    result.first_ids = ids[:FIRST_IDS_KEPT]
+    bound = vocab_size if vocab_size is not None else UNKNOWN_VOCAB_BOUND
+    impossible = [i for i in ids if not 0 <= i < bound]
+    result.first_ids = [] if impossible else ids[:FIRST_IDS_KEPT]
     result.finish_reason = answer.finish_reason
     result.text = answer.text[:200] if answer.text is not None else None
     result.prompt_tokens = answer.prompt_tokens
@@ -132,6 +196,25 @@ def judge(request: SmokeRequest, exchange: Exchange, special_ids: frozenset[int]
         result.tokens_per_s = round(result.completion_tokens / exchange.latency_s, 2)
 
     problems: list[str] = []
+    if impossible:
+        where = (
+            f"the model's vocabulary of {vocab_size}" if vocab_size is not None else "vLLM's int32 token ids"
+        )
+        shown = excerpt(str(impossible[0]), 40)
+        problems.append(
+            f"{len(impossible)} generated token id(s) are impossible (e.g. {shown}): "
+            f"outside 0..{bound - 1}, {where}"
+        )
+    if asked_for_logprobs(request) and ids and answer.chosen is None:
+        problems.append(
+            "the answer has no logprobs though the request asked for them (a proxy or gateway that drops "
+            "them?): the NaN rule cannot be checked"
+        )
+    elif asked_for_logprobs(request) and answer.chosen is not None and answer.chosen < len(ids):
+        problems.append(
+            f"logprobs came for {answer.chosen} of {len(ids)} generated tokens: the NaN rule cannot check "
+            "the rest"
+        )
     bad = _non_finite(answer.logprobs)
     if bad:
         problems.append(

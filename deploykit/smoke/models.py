@@ -4,9 +4,9 @@ the report. Plain records, cheap to import: the store reads `CaseResult` from ev
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 FIRST_IDS_KEPT = 32
 
@@ -79,3 +79,84 @@ class Exchange:
     timed_out: bool = False
     transport_error: str | None = None
     timeout_s: float | None = None
+    too_big: str | None = None
+    """The answer was over its size cap (`http_bounded`): why it was not read to the end."""
+
+
+# --- the answer, validated before it is judged or stored ------------------------------------------------
+#
+# An OpenAI-shaped answer from vLLM, or from whatever stands where vLLM should: every field the rules read
+# is checked for its type here (strict: no bool for an int, no float or numeric string for a token id, no
+# list for a text), so the judge reads only well-formed values and a malformed answer is one `wrong` line,
+# never a traceback. Fields the rules do not read are ignored.
+
+NON_FINITE_WORDS = frozenset({"NaN", "nan", "Infinity", "-Infinity", "inf", "-inf"})
+
+
+def _logprob_value(value: Any) -> Any:
+    """NaN sent as the string "NaN" (a proxy re-encoding vLLM's answer) is NaN, for the NaN rule to see."""
+    if isinstance(value, str) and value in NON_FINITE_WORDS:
+        return float(value)
+    return value
+
+
+Logprob = Annotated[float | None, BeforeValidator(_logprob_value)]
+TokenId = int
+Count = Annotated[int, Field(ge=0, lt=2**31)]
+"""A token count: no prompt or answer vLLM serves has 2**31 tokens."""
+
+
+class _Strict(BaseModel):
+    # Built at the first answer, not at import: the store imports this module for `CaseResult`.
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True, defer_build=True)
+
+
+class AnswerUsage(_Strict):
+    prompt_tokens: Count | None = None
+    completion_tokens: Count | None = None
+
+
+class CompletionLogprobs(_Strict):
+    token_logprobs: list[Logprob] | None = None
+    top_logprobs: list[dict[str, Logprob] | None] | None = None
+
+
+class CompletionChoice(_Strict):
+    text: str | None = None
+    token_ids: list[TokenId] | None = None
+    finish_reason: str | None = None
+    logprobs: CompletionLogprobs | None = None
+
+
+class CompletionAnswer(_Strict):
+    choices: list[CompletionChoice] = Field(min_length=1)
+    usage: AnswerUsage | None = None
+
+
+class ChatTopLogprob(_Strict):
+    logprob: Logprob = None
+
+
+class ChatTokenLogprob(_Strict):
+    logprob: Logprob = None
+    top_logprobs: list[ChatTopLogprob] | None = None
+
+
+class ChatLogprobs(_Strict):
+    content: list[ChatTokenLogprob] | None = None
+
+
+class ChatMessage(_Strict):
+    content: str | None = None
+
+
+class ChatChoice(_Strict):
+    message: ChatMessage | None = None
+    token_ids: list[TokenId] | None = None
+    finish_reason: str | None = None
+    logprobs: ChatLogprobs | None = None
+
+
+class ChatAnswer(_Strict):
+    choices: list[ChatChoice] = Field(min_length=1)
+    usage: AnswerUsage | None = None

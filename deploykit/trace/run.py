@@ -113,9 +113,7 @@ def send_cases(
     on_case: Any = None,
 ) -> tuple[list[CaseResult], dict[str, str]]:
     """One request at a time, each with its own X-Request-Id; stops after the first that fails."""
-    import httpx
-
-    from deploykit.smoke import judge, send
+    from deploykit.smoke.client import Server, judged, send
 
     results: list[CaseResult] = []
     names: dict[str, str] = {}
@@ -123,8 +121,8 @@ def send_cases(
         rid = request_id(index, request)
         names[rid] = request.name
         headers = {"X-Request-Id": rid, **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
-        with httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s) as client:
-            result = judge(request, send(client, request, timeout_s), special_ids)
+        server = Server(base_url.rstrip("/"), headers)
+        result = judged(request, send(server, request, timeout_s), special_ids)
         results.append(result)
         if on_case is not None:
             on_case(result)

@@ -99,6 +99,8 @@ def test_numbers_that_are_not_numbers_are_refused(args: list[str], needles: list
     [
         ["--canary-every", "nan"],
         ["--canary-every", "inf"],
+        ["--canary-every", "0.01"],  # issue 31: refused by `canary --every`, accepted by serve
+        ["--canary-every", "0.09"],
         ["--restart-backoff", "nan"],
         ["--restart-backoff", "inf"],
         ["--max-restarts-per-hour", "1e3"],

@@ -51,13 +51,17 @@ def vllm_page(total: float, created: float = 1.7961912571727862e09, engines: int
 
 
 def test_the_counter_is_read_summed_over_engines_and_absent_without_the_variable() -> None:
-    assert read_counter(vllm_page(1.0)) == CounterReading(total=1.0, started=1.7961912571727862e09)
-    assert read_counter(vllm_page(2.0, engines=2)) == CounterReading(total=4.0, started=1.7961912571727862e09)
+    def total_and_start(text: str) -> tuple[float, float | None] | None:
+        reading = read_counter(text)
+        return None if reading is None else (reading.total, reading.started)
+
+    assert total_and_start(vllm_page(1.0)) == (1.0, 1.7961912571727862e09)
+    assert total_and_start(vllm_page(2.0, engines=2)) == (4.0, 1.7961912571727862e09)
     without = "\n".join(line for line in vllm_page(0).splitlines() if "corrupted" not in line)
     assert read_counter(without) is None
     # No `_created` series (an older client library): the process start time says which process it is.
     no_created = "\n".join(line for line in vllm_page(3).splitlines() if "_created" not in line)
-    assert read_counter(no_created) == CounterReading(total=3.0, started=1.79619123431e09)
+    assert total_and_start(no_created) == (3.0, 1.79619123431e09)
     assert read_counter("vllm:corrupted_requests_total garbage\n") is None
 
 
@@ -69,8 +73,58 @@ def test_growth_is_counted_from_the_first_reading_and_from_zero_after_a_restart(
     # A new process (its series created later) counted 1 already: all of it is new, even though the value
     # went neither up nor down from the last reading's point of view.
     assert watch.observe(CounterReading(3.0, 200.0)) == 3
-    assert watch.observe(CounterReading(1.0, None)) == 1  # went down: a reset, whatever the times say
+    # Went down with no new process seen: a reset of the counter, a new baseline, never new NaN requests.
+    assert watch.observe(CounterReading(1.0, None)) == 0 and watch.resets == 1
     assert watch.observe(CounterReading(1.0, None)) == 0
+    assert watch.observe(CounterReading(2.0, None)) == 1
+
+
+def test_a_counter_going_down_in_the_same_process_is_a_reset_not_nan_requests() -> None:
+    """Issue 31: 10, 9, 8 ... with `_created` unchanged was read as "9 more request(s) with NaN logits"."""
+    watch = CounterWatch()
+    grown = [
+        watch.observe(read_counter(vllm_page(float(total))) or CounterReading(0, None))
+        for total in (10, 9, 8, 7, 7, 8)
+    ]
+    assert grown == [0, 0, 0, 0, 0, 1] and watch.resets == 3
+
+
+def test_an_openmetrics_exemplar_is_not_the_value() -> None:
+    page = vllm_page(3.0).replace(
+        'model_name="tiny"} 3.0',
+        'model_name="tiny"} 3.0 # {trace_id="ab}c",span="7"} 99.0 1796191300.5',
+    )
+    assert "# {trace_id" in page
+    reading = read_counter(page)
+    assert reading is not None and reading.total == 3.0
+    # A `}` or `#` inside a quoted label value, escapes included, closes nothing.
+    odd = 'vllm:corrupted_requests_total{engine="0",model_name="a}\\"#b"} 2.0 1796191300\n'
+    reading = read_counter(odd)
+    assert reading is not None and reading.total == 2.0
+
+
+def test_engines_are_followed_one_by_one() -> None:
+    """Engine 0 reset (5 → 0) while engine 1 grew (1 → 3): two new NaN requests, not a negative sum, not a
+    reset of the whole page."""
+
+    def page(first: float, second: float) -> str:
+        return (
+            f'vllm:corrupted_requests_total{{engine="0"}} {first}\n'
+            f'vllm:corrupted_requests_total{{engine="1"}} {second}\n'
+            'vllm:corrupted_requests_created{engine="0"} 100.0\n'
+            'vllm:corrupted_requests_created{engine="1"} 100.0\n'
+        )
+
+    watch = CounterWatch()
+    readings = [read_counter(page(5, 1)), read_counter(page(0, 3)), read_counter(page(1, 3))]
+    assert [watch.observe(r) for r in readings if r is not None] == [0, 2, 1]
+    assert watch.resets == 1
+    # An engine whose series was created anew (its own `_created` moved, the process's earliest did not):
+    # all that engine counted is new; the other engine's unchanged value adds nothing.
+    moved = page(1, 2).replace('created{engine="1"} 100.0', 'created{engine="1"} 200.0')
+    reading = read_counter(moved)
+    assert reading is not None and reading.started == 100.0
+    assert watch.observe(reading) == 2
 
 
 def test_live_nan_is_corruption_at_once_and_heals_like_a_wrong_answer() -> None:

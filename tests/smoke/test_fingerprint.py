@@ -136,6 +136,23 @@ def test_an_answer_is_parsed_by_token_id_and_a_nan_makes_it_unusable() -> None:
     assert parse_answer("p", {"choices": []}) is None
 
 
+@pytest.mark.parametrize(
+    ("ids", "value"),
+    [
+        ([5.7, 6], -0.1),
+        ([True, 6], -0.1),
+        (["5", 6], -0.1),
+        ([-1, 6], -0.1),
+        ([10**30, 6], -0.1),
+        ([5, 6], True),
+    ],
+)
+def test_an_impossible_id_or_logprob_makes_a_probe_answer_unusable(ids: list[object], value: object) -> None:
+    """Issue 31: `int()` read 5.7 as 5, True as 1 and "5" as 5; a boolean passed as a logprob."""
+    body = {"choices": [{"token_ids": ids, "logprobs": {"top_logprobs": [{"token_id:5": value}]}}]}
+    assert parse_answer("p", body) is None
+
+
 def test_a_fingerprint_round_trips_through_json() -> None:
     fingerprint = Fingerprint(dtype="float32", answers=[answer([5], [0.5])], tolerance=FP32)
     again = Fingerprint.model_validate_json(fingerprint.model_dump_json())

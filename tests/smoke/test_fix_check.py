@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-import httpx
 import pytest
 
 from deploykit.smoke.fix_check import (
@@ -14,6 +17,7 @@ from deploykit.smoke.fix_check import (
     parse_expect_fixes,
     read_status,
 )
+from tests.http_server import serving
 
 KNOWN = ("fp32_projection", "matmul_lora", "device_penalties")
 
@@ -28,17 +32,39 @@ def test_parse_expect_fixes() -> None:
         parse_expect_fixes("fp16", KNOWN)
 
 
-def _answer(monkeypatch: pytest.MonkeyPatch, status: int, body: Any) -> None:
-    def get(url: str, **_: Any) -> httpx.Response:
-        assert url == "http://server:8000/deploykit/status"
-        return httpx.Response(status, json=body, request=httpx.Request("GET", url))
+class _Status(BaseHTTPRequestHandler):
+    """The status route of a real loopback server: `answer(auth header) -> (status, body)` decides."""
 
-    monkeypatch.setattr(httpx, "get", get)
+    answer: Callable[[str | None], tuple[int, Any]]
+    sent: list[str | None]
+
+    def do_GET(self) -> None:
+        assert self.path == "/deploykit/status"
+        auth = self.headers.get("Authorization")
+        self.sent.append(auth)
+        status, body = self.answer(auth)
+        payload = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args: Any) -> None:
+        pass
 
 
-def test_a_missing_route_means_the_plugin_is_not_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
-    _answer(monkeypatch, 404, {"detail": "Not Found"})
-    status = read_status("http://server:8000/")
+@contextlib.contextmanager
+def _server(answer: Callable[[str | None], tuple[int, Any]]) -> Iterator[tuple[str, list[str | None]]]:
+    sent: list[str | None] = []
+    handler = type("Handler", (_Status,), {"answer": staticmethod(answer), "sent": sent})
+    with serving(handler) as url:
+        yield url, sent
+
+
+def test_a_missing_route_means_the_plugin_is_not_loaded() -> None:
+    with _server(lambda _: (404, {"detail": "Not Found"})) as (url, _):
+        status = read_status(url + "/")
     assert status.route == "missing" and status.fixes_active == {}
     case = fix_case(["device_penalties", "fp32_projection"], status)
     assert not case.passed
@@ -46,17 +72,14 @@ def test_a_missing_route_means_the_plugin_is_not_loaded(monkeypatch: pytest.Monk
     assert "fp32_projection: " + PLUGIN_NOT_LOADED in case.diagnosis
 
 
-def test_active_fixes_pass_and_missing_ones_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    _answer(
-        monkeypatch,
-        200,
-        {
-            "fixes_requested": ["device_penalties"],
-            "fixes_active": {"device_penalties": "T"},
-            "engine_error": None,
-        },
-    )
-    status = read_status("http://server:8000")
+def test_active_fixes_pass_and_missing_ones_are_named() -> None:
+    body = {
+        "fixes_requested": ["device_penalties"],
+        "fixes_active": {"device_penalties": "T"},
+        "engine_error": None,
+    }
+    with _server(lambda _: (200, body)) as (url, _):
+        status = read_status(url)
     assert status.fixes_active == {"device_penalties": "T"}
     assert fix_case(["device_penalties"], status).passed
     case = fix_case(["device_penalties", "fp32_projection"], status)
@@ -66,6 +89,14 @@ def test_active_fixes_pass_and_missing_ones_are_named(monkeypatch: pytest.Monkey
         in case.diagnosis
     )
     assert "device_penalties:" not in case.diagnosis
+
+
+def test_odd_shapes_in_the_status_answer_are_read_without_a_traceback() -> None:
+    body = {"fixes_requested": "matmul_lora", "fixes_active": ["x"], "engine_error": {"a": 1}}
+    with _server(lambda _: (200, body)) as (url, _):
+        status = read_status(url)
+    assert status.fixes_requested == [] and status.fixes_active == {}
+    assert status.engine_error == "{'a': 1}"
 
 
 def test_requested_but_not_applied_by_the_engine() -> None:
@@ -78,34 +109,25 @@ def test_requested_but_not_applied_by_the_engine() -> None:
     )
 
 
-def test_an_unreachable_server_is_an_error_not_a_pass(monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse(url: str, **_: Any) -> httpx.Response:
-        raise httpx.ConnectError("connection refused")
-
-    monkeypatch.setattr(httpx, "get", refuse)
-    status = read_status("http://server:8000")
+def test_an_unreachable_server_is_an_error_not_a_pass() -> None:
+    with _server(lambda _: (200, {})) as (url, _):
+        pass  # the port is free again: nothing answers there
+    status = read_status(url)
     assert status.route == "error" and status.fixes_active is None
-    assert "could not be read: ConnectError" in fix_case(["matmul_lora"], status).diagnosis
+    assert "could not be read: ConnectionRefusedError" in fix_case(["matmul_lora"], status).diagnosis
 
 
-def test_the_key_is_sent_and_a_refusal_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
-    sent: list[dict[str, str]] = []
+def test_the_key_is_sent_and_a_refusal_says_why() -> None:
+    def answer(auth: str | None) -> tuple[int, Any]:
+        if auth == "Bearer sk-right":
+            return 200, {"fixes_requested": ["matmul_lora"], "fixes_active": {"matmul_lora": "T"}}
+        return 401, {"error": "Unauthorized"}
 
-    def get(url: str, *, headers: dict[str, str], **_: Any) -> httpx.Response:
-        sent.append(headers)
-        ok = headers.get("Authorization") == "Bearer sk-right"
-        body = {"fixes_requested": ["matmul_lora"], "fixes_active": {"matmul_lora": "T"}}
-        return httpx.Response(
-            200 if ok else 401,
-            json=body if ok else {"error": "Unauthorized"},
-            request=httpx.Request("GET", url),
-        )
-
-    monkeypatch.setattr(httpx, "get", get)
-    assert read_status("http://server:8000", api_key="sk-right").fixes_active == {"matmul_lora": "T"}
-    wrong = read_status("http://server:8000", api_key="sk-wrong")
-    missing = read_status("http://server:8000")
-    assert [h.get("Authorization") for h in sent] == ["Bearer sk-right", "Bearer sk-wrong", None]
+    with _server(answer) as (url, sent):
+        assert read_status(url, api_key="sk-right").fixes_active == {"matmul_lora": "T"}
+        wrong = read_status(url, api_key="sk-wrong")
+        missing = read_status(url)
+    assert sent == ["Bearer sk-right", "Bearer sk-wrong", None]
     assert wrong.route == missing.route == "error" and wrong.http_status == 401
     assert "requires its API key; the key sent was refused" in fix_case(["matmul_lora"], wrong).diagnosis
     assert "requires its API key; no key was sent" in fix_case(["matmul_lora"], missing).diagnosis

@@ -135,3 +135,99 @@ def test_summary_names_each_failing_case() -> None:
     assert report.diagnosis.startswith("chat: every generated id is 0")
     assert summarise([good]).passed
     assert not summarise([]).passed
+
+
+# --- issue 31: odd and impossible answers are `wrong`, in one line, never a traceback -------------------
+
+ASKED = SmokeRequest("asked", "completion", "/v1/completions", {"model": "tiny", "logprobs": 1})
+ASKED_CHAT = SmokeRequest(
+    "asked-chat", "chat", "/v1/chat/completions", {"model": "tiny", "logprobs": True, "top_logprobs": 1}
+)
+
+
+def _completion_with(**changes: object) -> dict[str, object]:
+    body = completion_body()
+    choice = body["choices"][0]
+    for key, value in changes.items():
+        if key in ("prompt_tokens", "completion_tokens"):
+            body["usage"][key] = value
+        else:
+            choice[key] = value
+    return body
+
+
+ODD_SHAPES = [
+    ("text as a number", _completion_with(text=42), "choices.0.text"),
+    ("completion_tokens as a string", _completion_with(completion_tokens="4"), "usage.completion_tokens"),
+    ("prompt_tokens as a string", _completion_with(prompt_tokens="5"), "usage.prompt_tokens"),
+    ("prompt_tokens 10**30", _completion_with(prompt_tokens=10**30), "usage.prompt_tokens"),
+    ("completion_tokens negative", _completion_with(completion_tokens=-4), "usage.completion_tokens"),
+    ("token id Infinity", _completion_with(token_ids=[47, float("inf")]), "choices.0.token_ids.1"),
+    ("token id 47.7", _completion_with(token_ids=[47.7, 76]), "choices.0.token_ids.0"),
+    ("token id true", _completion_with(token_ids=[True, 76]), "choices.0.token_ids.0"),
+    ('token id "5"', _completion_with(token_ids=["5", 76]), "choices.0.token_ids.0"),
+    ("token ids as a string", _completion_with(token_ids="47"), "choices.0.token_ids"),
+    ("choices as a dict", {"choices": {"0": {}}}, "choices"),
+    ("a logprob as a word", _completion_with(logprobs={"token_logprobs": ["low"] * 4}), "token_logprobs"),
+]
+
+
+@pytest.mark.parametrize(("what", "body", "where"), ODD_SHAPES, ids=[case[0] for case in ODD_SHAPES])
+def test_odd_shapes_are_wrong_in_one_line(what: str, body: object, where: str) -> None:
+    result = judge(ASKED, ok(body))
+    assert not result.passed and not result.miss, result
+    assert "\n" not in result.diagnosis and where in result.diagnosis, result.diagnosis
+    assert result.model_dump_json()  # the row stores it, and reads back what it stored
+    assert type(result).model_validate_json(result.model_dump_json()) == result
+
+
+def test_content_as_a_list_in_chat_is_wrong_not_a_pass() -> None:
+    body = chat_body()
+    body["choices"][0]["message"]["content"] = [{"type": "text", "text": "Sunny."}]
+    result = judge(ASKED_CHAT, ok(body))
+    assert not result.passed and "choices.0.message.content" in result.diagnosis
+    assert result.text is None
+
+
+@pytest.mark.parametrize("bad", [-1, 10**30, 2**31], ids=["negative", "10**30", "2**31"])
+def test_impossible_ids_fail_without_a_vocabulary(bad: int) -> None:
+    result = judge(ASKED, ok(completion_body(ids=[47, bad, 83])))
+    assert not result.passed and "impossible" in result.diagnosis and "int32" in result.diagnosis
+    assert result.first_ids == []  # nothing impossible is stored as an id
+
+
+def test_ids_beyond_the_models_vocabulary_fail() -> None:
+    body = completion_body(ids=[47, 32000, 83])
+    assert judge(ASKED, ok(body), vocab_size=32001).passed
+    result = judge(ASKED, ok(body), vocab_size=32000)
+    assert not result.passed and "outside 0..31999, the model's vocabulary of 32000" in result.diagnosis
+
+
+def test_missing_logprobs_fail_where_the_request_asked_for_them() -> None:
+    dropped = completion_body()
+    del dropped["choices"][0]["logprobs"]
+    result = judge(ASKED, ok(dropped))
+    assert not result.passed and "no logprobs though the request asked for them" in result.diagnosis
+    assert judge(COMPLETION, ok(dropped)).passed  # not asked: not required
+    short = completion_body(ids=[47, 76, 83], logprobs=[-1.0])
+    assert "logprobs came for 1 of 3 generated tokens" in judge(ASKED, ok(short)).diagnosis
+    chat = chat_body()
+    chat["choices"][0]["logprobs"] = None
+    assert "no logprobs" in judge(ASKED_CHAT, ok(chat)).diagnosis
+
+
+@pytest.mark.parametrize("word", ["NaN", "Infinity", "-Infinity"])
+def test_nan_sent_as_a_string_is_nan(word: str) -> None:
+    body = completion_body()
+    body["choices"][0]["logprobs"]["token_logprobs"][1] = word
+    result = judge(ASKED, ok(body))
+    assert not result.passed and "NaN or infinite" in result.diagnosis
+    chat = chat_body()
+    chat["choices"][0]["logprobs"]["content"][0]["logprob"] = word
+    assert "NaN or infinite" in judge(ASKED_CHAT, ok(chat)).diagnosis
+
+
+def test_an_answer_over_its_cap_is_wrong_not_a_miss() -> None:
+    exchange = Exchange(status_code=200, too_big="the answer is over the 16 MiB cap (reading stopped there)")
+    result = judge(ASKED, exchange)
+    assert not result.passed and not result.miss and "16 MiB cap" in result.diagnosis

@@ -1,0 +1,208 @@
+"""A hostile or broken server on a real loopback port, for the fail-closed matrix (issue 31): it trickles,
+hangs before or after its headers, floods gigabytes, answers odd shapes and impossible ids, drops logprobs,
+sends NaN as a string, and serves a /metrics page whose NaN counter goes backwards or is 300 MB.
+
+`Hostile(mode)` is the behaviour of its POSTs (and of `/metrics`); `/v1/models` and `/health` answer like
+vLLM's so that a canary takes it for one. Floods are generated chunk by chunk, never held whole, and every
+blocking behaviour ends when the server is shut down (`stop`), so no test leaves a thread behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler
+from typing import Any
+
+from tests.http_server import serving
+from tests.smoke.answers import chat_body, completion_body
+
+MODEL = "tiny"
+MIB = 1024 * 1024
+FLOOD_BYTES = 2 * 1024 * MIB
+METRICS_FLOOD_BYTES = 300 * MIB
+
+
+def _answer(endpoint: str, **changes: Any) -> dict[str, Any]:
+    """A good answer for `endpoint` with `changes` made to its first choice (or its usage)."""
+    body = chat_body() if endpoint.endswith("chat/completions") else completion_body()
+    choice = body["choices"][0]
+    for key, value in changes.items():
+        if key in ("prompt_tokens", "completion_tokens"):
+            body["usage"][key] = value
+        elif key == "content":
+            choice["message" if "message" in choice else "text"] = (
+                {"role": "assistant", "content": value} if "message" in choice else value
+            )
+        elif key == "drop_logprobs":
+            choice.pop("logprobs", None)
+        elif key == "nan_word":
+            if "message" in choice:
+                choice["logprobs"]["content"][0]["logprob"] = "NaN"
+            else:
+                choice["logprobs"]["token_logprobs"][0] = "NaN"
+        else:
+            choice[key] = value
+    return body
+
+
+# Each JSON mode: endpoint → the answer's text (a raw string: Infinity is not JSON `json.dumps` writes).
+JSON_MODES: dict[str, Callable[[str], str]] = {
+    "good": lambda e: json.dumps(_answer(e)),
+    "text-as-number": lambda e: json.dumps(_answer(e, content=42)),
+    "completion-tokens-as-string": lambda e: json.dumps(_answer(e, completion_tokens="4")),
+    "prompt-tokens-as-string": lambda e: json.dumps(_answer(e, prompt_tokens="5")),
+    "content-as-list": lambda e: json.dumps(_answer(e, content=[{"type": "text", "text": "Sunny."}])),
+    "id-infinity": lambda e: json.dumps(_answer(e, token_ids=[47, "INF", 83])).replace('"INF"', "Infinity"),
+    "id-negative": lambda e: json.dumps(_answer(e, token_ids=[47, -1, 83])),
+    "id-10e30": lambda e: json.dumps(_answer(e, token_ids=[47, 10**30, 83])),
+    "id-float": lambda e: json.dumps(_answer(e, token_ids=[47.7, 76, 83])),
+    "id-true": lambda e: json.dumps(_answer(e, token_ids=[True, 76, 83])),
+    "id-string": lambda e: json.dumps(_answer(e, token_ids=["5", 76, 83])),
+    "no-logprobs": lambda e: json.dumps(_answer(e, drop_logprobs=True)),
+    "nan-as-string": lambda e: json.dumps(_answer(e, nan_word=True)),
+}
+
+
+def metrics_page(total: float, created: float = 1_796_191_257.0, exemplar: bool = False) -> str:
+    """vLLM's NaN counter as its /metrics shows it (one engine); with an OpenMetrics exemplar after it."""
+    after = ' # {trace_id="a1b2"} 99.0 1796191300.5' if exemplar else ""
+    return (
+        "# TYPE vllm:corrupted_requests_total counter\n"
+        f'vllm:corrupted_requests_total{{engine="0",model_name="{MODEL}"}} {total}{after}\n'
+        f'vllm:corrupted_requests_created{{engine="0",model_name="{MODEL}"}} {created}\n'
+        "process_start_time_seconds 1796191234.0\n"
+    )
+
+
+class Hostile:
+    """One behaviour, on its own server. `metrics_totals`: the NaN counter's successive values (the last
+    repeats); `metrics_flood`: /metrics is a 300 MB page instead; `slow_listing`: `/v1/models` and
+    `/health` trickle their answers too."""
+
+    def __init__(
+        self,
+        mode: str = "good",
+        *,
+        metrics_totals: list[float] | None = None,
+        exemplar: bool = False,
+        metrics_flood: bool = False,
+        slow_listing: bool = False,
+    ) -> None:
+        self.mode = mode
+        self.slow_listing = slow_listing
+        self.metrics_totals = list(metrics_totals or [0.0])
+        self.exemplar = exemplar
+        self.metrics_flood = metrics_flood
+        self.stop = threading.Event()
+        self.posts = 0
+        self.metrics_reads = 0
+
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[str]:
+        hostile = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:
+                if hostile.slow_listing and self.path in ("/v1/models", "/health"):
+                    self._trickle(json.dumps({"data": [{"id": MODEL}]}).encode())
+                elif self.path == "/v1/models":
+                    self._json(200, json.dumps({"data": [{"id": MODEL, "max_model_len": 2048}]}))
+                elif self.path == "/health":
+                    self._json(200, "")
+                elif self.path == "/metrics":
+                    hostile.metrics_reads += 1
+                    if hostile.metrics_flood:
+                        self._flood(METRICS_FLOOD_BYTES, b"# " + b"x" * 1021 + b"\n", declare=False)
+                        return
+                    index = min(hostile.metrics_reads - 1, len(hostile.metrics_totals) - 1)
+                    self._json(200, metrics_page(hostile.metrics_totals[index], exemplar=hostile.exemplar))
+                else:
+                    self._json(404, json.dumps({"detail": "Not Found"}))
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                hostile.posts += 1
+                mode = hostile.mode
+                if mode == "hang-before-headers":
+                    hostile.stop.wait()
+                elif mode == "hang-after-headers":
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", "100")
+                    self.end_headers()
+                    self.wfile.flush()
+                    hostile.stop.wait()
+                elif mode == "trickle":
+                    self._trickle(json.dumps(_answer(self.path)).encode())
+                elif mode == "trickle-headers":
+                    self._trickle_headers()
+                elif mode == "flood":
+                    self._flood(FLOOD_BYTES, b"x" * MIB, declare=False)
+                elif mode == "flood-declared":
+                    self._flood(FLOOD_BYTES, b"x" * MIB, declare=True)
+                else:
+                    self._json(200, JSON_MODES[mode](self.path))
+
+            def _json(self, status: int, text: str) -> None:
+                payload = text.encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def _trickle(self, payload: bytes) -> None:
+                """Headers at once, then the body one byte a second."""
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.flush()
+                with contextlib.suppress(OSError):
+                    for byte in payload:
+                        if hostile.stop.wait(1.0):
+                            return
+                        self.wfile.write(bytes([byte]))
+                        self.wfile.flush()
+
+            def _trickle_headers(self) -> None:
+                """The status line and headers themselves one byte a second."""
+                head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Slow: " + b"y" * 200
+                with contextlib.suppress(OSError):
+                    for byte in head:
+                        if hostile.stop.wait(1.0):
+                            return
+                        self.wfile.write(bytes([byte]))
+                        self.wfile.flush()
+                self.close_connection = True
+
+            def _flood(self, total: int, chunk: bytes, *, declare: bool) -> None:
+                """`total` bytes, `chunk` at a time; without a Content-Length the body runs to the close."""
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                if declare:
+                    self.send_header("Content-Length", str(total))
+                else:
+                    self.send_header("Connection", "close")
+                    self.close_connection = True
+                self.end_headers()
+                sent = 0
+                with contextlib.suppress(OSError):
+                    while sent < total and not hostile.stop.is_set():
+                        self.wfile.write(chunk)
+                        sent += len(chunk)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        try:
+            with serving(Handler) as url:
+                yield url
+                self.stop.set()  # before the shutdown: the blocked handlers end
+        finally:
+            self.stop.set()
