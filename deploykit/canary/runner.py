@@ -323,6 +323,12 @@ class Canary:
             self.on_hung(diagnosis)
         return changed
 
+    def forget_progress(self) -> None:
+        """The engine is another one now (serve restarted it): what was seen of the last says nothing."""
+        with self._lock:
+            self.progress.forget()
+            self._waiting_since = None
+
     def stuck(self, now: float | None = None) -> str | None:
         """Why the canary's own runs have stopped advancing (a run past its deadlines, or no run for
         longer than the interval allows), or None while they advance."""

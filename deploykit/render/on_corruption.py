@@ -1,6 +1,7 @@
 """The rendered canary unit's `ExecStopPost=+`: restart the server unit when, and only when, the canary
 ended with its corruption verdict (`deploykit canary --exit-on-corruption` exits 3 at the first wrong
-answer; slowness, misses, a crash or a stop never exit 3) — and at most `--max-restarts` times within
+answer; slowness, misses, a crash or a stop never exit 3) or a hung engine (exit 5: requests waited with no
+token produced; it counts against the same cap) — and at most `--max-restarts` times within
 `--window-s` seconds.
 
 systemd sets `$EXIT_CODE` (`exited`, `killed`, ...) and `$EXIT_STATUS` for ExecStopPost= commands; this
@@ -30,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from deploykit.canary import defaults
-from deploykit.exit_codes import CORRUPT
+from deploykit.exit_codes import CORRUPT, HUNG
 
 # The same restart budget as serve's in-process canary (constants only: no serve, no canary machinery).
 MAX_RESTARTS = defaults.MAX_RESTARTS_PER_HOUR
@@ -42,8 +43,9 @@ STAGE_STOPPED = "corruption:stopped"
 Record = Callable[[str, str, dict[str, float]], None]
 
 
-def corrupt_verdict(env: Mapping[str, str], code: int = CORRUPT) -> bool:
-    return env.get("EXIT_CODE") == "exited" and env.get("EXIT_STATUS") == str(code)
+def corrupt_verdict(env: Mapping[str, str], code: int = CORRUPT, hung_code: int = HUNG) -> bool:
+    """The canary ended with a verdict that restarts the server: corrupt output, or a hung engine."""
+    return env.get("EXIT_CODE") == "exited" and env.get("EXIT_STATUS") in (str(code), str(hung_code))
 
 
 def restart_command(unit: str) -> list[str]:
@@ -146,6 +148,7 @@ def main(
     parser = argparse.ArgumentParser(prog="python -m deploykit.render.on_corruption", description=__doc__)
     parser.add_argument("--restart", metavar="UNIT", help="the server unit to restart")
     parser.add_argument("--exit-status", type=int, default=CORRUPT, help="the canary's corruption code")
+    parser.add_argument("--hung-exit-status", type=int, default=HUNG, help="the canary's hung-engine code")
     parser.add_argument("--state-dir", type=Path, help=f"the service's state directory (holds {LEDGER_NAME})")
     parser.add_argument("--max-restarts", type=int, default=MAX_RESTARTS, help="restarts allowed per window")
     parser.add_argument("--window-s", type=float, default=WINDOW_S, help="the window, in seconds")
@@ -161,11 +164,16 @@ def main(
         parser.error("--restart UNIT is required")
     env = os.environ if env is None else env
     ended = f"{env.get('EXIT_CODE', '?')} {env.get('EXIT_STATUS', '?')}"
-    if not corrupt_verdict(env, args.exit_status):
+    if not corrupt_verdict(env, args.exit_status, args.hung_exit_status):
         print(f"canary ended ({ended}): not a corruption verdict, {args.restart} left alone")
         return 0
+    what = (
+        "the engine is hung"
+        if env.get("EXIT_STATUS") == str(args.hung_exit_status)
+        else "the output is corrupt"
+    )
     if args.state_dir is None:  # no ledger: no cap
-        print(f"canary ended ({ended}): the output is corrupt, restarting {args.restart}")
+        print(f"canary ended ({ended}): {what}, restarting {args.restart}")
         return run(restart_command(args.restart))
     if record is None:
         record = record_row_as_owner(args.state_dir, args.profile, env)
@@ -176,7 +184,7 @@ def main(
     window = f"{args.window_s:.0f} s"
     if len(times) >= args.max_restarts:
         line = (
-            f"canary ended ({ended}): the output is corrupt again after {len(times)} corruption restarts of "
+            f"canary ended ({ended}): {what} again after {len(times)} corruption restarts of "
             f"{args.restart} within {window} (the cap is {args.max_restarts}): stopping {args.restart} and "
             f"leaving it stopped, no restart loop; look at the journal and the rows, then "
             f"`systemctl start {args.restart}`"
@@ -189,7 +197,7 @@ def main(
     except OSError as exc:
         print(f"cannot write {ledger} ({exc}): this restart is not counted")
     line = (
-        f"canary ended ({ended}): the output is corrupt, restarting {args.restart} (corruption restart "
+        f"canary ended ({ended}): {what}, restarting {args.restart} (corruption restart "
         f"{len(times) + 1} of at most {args.max_restarts} within {window})"
     )
     print(line)
