@@ -173,7 +173,7 @@ class Canary:
         now = self.clock()
         with self._lock:
             # Only a request that waited out its whole deadline keeps counting toward `hung`.
-            if outcome != "miss" or took < self.config.timeout_s:
+            if outcome != "miss" or took < 0.9 * self.config.timeout_s:
                 self._waiting_since = None
             changed = self.state.observe(label, outcome, report.diagnosis)
             self._count(label, outcome, report, now, took)
