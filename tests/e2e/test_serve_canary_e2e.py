@@ -98,16 +98,20 @@ def hang_and_wait_for_the_restart(port: int, run: CommandRun) -> tuple[float, re
 
     sent = time.monotonic()
     threading.Thread(target=send, name="hang-trigger", daemon=True).start()
-    health: list[int] = []  # what /health says while the engine hangs, until serve's verdict
+    health: list[int | None] = []  # what /health says while the engine hangs, until serve's verdict
     while True:
-        health.append(httpx.get(base + "/health", timeout=30).status_code)
+        try:
+            health.append(httpx.get(base + "/health", timeout=30).status_code)
+        except httpx.HTTPError:  # serve may be stopping it by now
+            health.append(None)
         try:
             run.wait_for(r"canary: HUNG: the engine is hung", 1.0)
             break
         except AssertionError:
             assert time.monotonic() - sent < WAIT_S, run.tail()
     hung_at = time.monotonic() - sent
-    assert set(health) == {200}, health  # the hang keeps /health at 200: only progress tells
+    # The hang keeps /health at 200 (the first ten reads, well inside the bound): only progress tells.
+    assert len(health) >= 10 and health[:10] == [200] * 10, health
     return hung_at, run.wait_for(r"^vLLM restarted: pid (\d+) .*restart2", WAIT_S)
 
 
