@@ -145,11 +145,16 @@ class Canary:
 
             self.identified = identify(self.config.url, self.config.api_key, self.config.served_name)
 
-    def run_once(self, cancel: threading.Event | None = None) -> RunSummary | None:
-        """One run: the next case, judged; the state, metrics, rows and verdict file follow. Returns None,
-        changing nothing, when `cancel` was set before the answers came (the canary is stopping: what a
-        stopped run saw is not judged). Raises CanaryError when `config.identify` finds the URL is not the
-        vLLM server it should be."""
+    def run_once(self) -> RunSummary:
+        """One run: the next case, judged; the state, metrics, rows and verdict file follow. Raises
+        CanaryError when `config.identify` finds the URL is not the vLLM server it should be."""
+        summary = self._run(None)
+        assert summary is not None  # only a cancelled run has none
+        return summary
+
+    def _run(self, cancel: threading.Event | None) -> RunSummary | None:
+        """`run_once`, or None, changing nothing, when `cancel` was set before the answers came (the canary
+        is stopping: what a stopped run saw is not judged)."""
         number = self.runs
         self.runs += 1
         label, requests = self.requests_for_run(number)
@@ -499,7 +504,7 @@ class Canary:
 
         def run() -> None:
             try:
-                self.run_once(cancel)
+                self._run(cancel)
             except BaseException as exc:  # handed to the loop, which raises it
                 failure.append(exc)
 
