@@ -169,8 +169,9 @@ class Canary:
             report = self._ask(requests)
         finally:
             with self._lock:
-                self._run_since = self._run_deadline = None
-                self._last_beat = time.monotonic()
+                if self._run_since == started:  # (an abandoned run ending late leaves a newer one alone)
+                    self._run_since = self._run_deadline = None
+                    self._last_beat = time.monotonic()
         if cancel is not None and cancel.is_set():
             return None
         outcome = outcome_of(report)
