@@ -20,6 +20,10 @@ CORRUPT = 3
 NO_GPU = 4
 """`deploykit probe` found no NVIDIA GPU (or no NVML driver) on this machine."""
 
+HUNG = 5
+"""The canary saw a hung engine (`--exit-on-corruption`): requests waited with no token produced for the
+bound; systemd and the chart restart vLLM on it, under the same cap as corruption."""
+
 INTERRUPTED = 130
 """Stopped by Ctrl-C or SIGINT (128 + signal 2, the shell's convention)."""
 
@@ -29,5 +33,6 @@ MEANINGS: dict[int, str] = {
     USAGE: "input refused before any work started",
     CORRUPT: "the canary saw corrupt output",
     NO_GPU: "probe found no NVIDIA GPU",
+    HUNG: "the canary saw a hung engine",
     INTERRUPTED: "interrupted (Ctrl-C)",
 }

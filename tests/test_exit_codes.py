@@ -27,7 +27,15 @@ def module_codes() -> dict[str, int]:
 
 def test_each_number_has_one_meaning() -> None:
     codes = module_codes()
-    assert codes == {"OK": 0, "FAILED": 1, "USAGE": 2, "CORRUPT": 3, "NO_GPU": 4, "INTERRUPTED": 130}
+    assert codes == {
+        "OK": 0,
+        "FAILED": 1,
+        "USAGE": 2,
+        "CORRUPT": 3,
+        "NO_GPU": 4,
+        "HUNG": 5,
+        "INTERRUPTED": 130,
+    }
     assert len(set(codes.values())) == len(codes)  # no two names share a number
     assert set(exit_codes.MEANINGS) == set(codes.values())
     assert len(set(exit_codes.MEANINGS.values())) == len(codes)  # nor two numbers a meaning

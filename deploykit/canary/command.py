@@ -1,6 +1,7 @@
 """`deploykit canary`: the canary, its listener and its lines, until SIGINT/SIGTERM (or, with
-`--exit-on-corruption`, the first wrong answer: exit `exit_codes.CORRUPT`, which the rendered systemd unit
-restarts the server on).
+`--exit-on-corruption`, the first wrong answer: exit `exit_codes.CORRUPT`, or a hung engine: exit
+`exit_codes.HUNG`; the rendered systemd unit restarts the server on either). However it ends (a signal, a
+crash), its last verdict is never `healthy`.
 
 Errors are CanaryErrors (the profile's own ProfileError included): the CLI's one handler prints them, on
 stderr, as one `deploykit: ...` line with exit code 2.
@@ -66,15 +67,29 @@ def run_canary(
             corrupt.set()
             stop.set()
 
+    def on_hung(diagnosis: str) -> None:
+        say(f"HUNG: {diagnosis}")
+        healthy, text = canary.health()
+        say(f"state: {text} (/healthz {200 if healthy else 503})")
+        if options.exit_on_corruption:
+            hung.set()
+            stop.set()
+
     stop = threading.Event()
     corrupt = threading.Event()
+    hung = threading.Event()
     canary = Canary(
         config,
         on_run=on_run,
         on_warning=lambda m: warn(f"deploykit canary: {m}"),
         on_live_nan=on_live_nan,
+        on_hung=on_hung,
     )
-    canary.look_at_server()  # a URL that is not the vLLM server it should be: refused before any line
+    try:
+        canary.look_at_server()  # a URL that is not the vLLM server it should be: refused before any line
+    except BaseException as exc:
+        canary.final_verdict(f"the canary could not start: {type(exc).__name__}: {exc}"[:400])
+        raise
     server = listen(canary, options.listen)
     bound = server.server_address[1]
     rotation = ", ".join(canary.labels)
@@ -91,21 +106,36 @@ def run_canary(
     poller = canary.nan_poller()
     if poller is not None:
         poller.start(stop)
+    progress = canary.progress_poller()
+    if progress is not None:
+        progress.start(stop)
     if options.watch_restarts:
         threading.Thread(
             target=canary.watch_restarts, args=(stop,), name="deploykit-canary-restarts", daemon=True
         ).start()
-    previous = {
-        sig: signal.signal(sig, lambda signum, frame: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
-    }
+    received: list[int] = []
+
+    def on_signal(signum: int, frame: object) -> None:
+        received.append(signum)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         canary.run_forever(stop)
+    except BaseException as exc:
+        canary.final_verdict(f"the canary crashed: {type(exc).__name__}: {exc}"[:400])
+        raise
     finally:
         stop.set()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         server.shutdown()
         server.server_close()
+    ended = f"{signal.Signals(received[0]).name} received" if received else "the canary ended"
+    canary.final_verdict(f"the canary stopped ({ended}): nothing judges the server now")
+    if hung.is_set():
+        say(f"canary stopped: the engine is hung (exit {exit_codes.HUNG}, --exit-on-corruption)")
+        return exit_codes.HUNG
     if corrupt.is_set():
         say(f"canary stopped: the output is corrupt (exit {exit_codes.CORRUPT}, --exit-on-corruption)")
         return exit_codes.CORRUPT

@@ -44,6 +44,22 @@ request with NaN logits is seen within seconds, not at the next probe run. 0 tur
 METRICS_TIMEOUT_S = 5.0
 """How long one read of vLLM's /metrics waits."""
 
+HUNG_AFTER_S = 60.0
+"""A hung engine: requests have waited this long with no token produced (vLLM's own token counters standing
+still). A healthy engine step takes milliseconds to a few seconds, even at full batch or in a long prompt's
+prefill chunk, so a minute without one token is no busy server; it is 5x below vLLM's own backstop
+(`VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS`, 300 s, multiproc executor only), which kills the server instead of
+restarting it. 0 turns the judgement off."""
+
+PROGRESS_EVERY_S = 2.0
+"""Seconds between reads of vLLM's token counters and queue gauges (`deploykit.canary.progress`)."""
+
+PROGRESS_PAGE_MAX_BYTES = 8 * 1024 * 1024
+"""The most of a /metrics page read for progress; vLLM's is tens of kilobytes."""
+
+RUN_GRACE_S = 30.0
+"""A run may take its requests' deadlines plus this before the canary's /livez calls it stuck."""
+
 NAN_COUNTER = "vllm:corrupted_requests"
 """vLLM's counter of finished requests whose logits held NaN; exported only with `NAN_COUNTER_ENV`=1."""
 

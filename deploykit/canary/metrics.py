@@ -78,6 +78,11 @@ class CanaryMetrics:
             ["cause"],
             registry=self.registry,
         )
+        self.hung = Gauge(
+            "deploykit_canary_hung",
+            "1 while the engine is hung (requests waiting, no token produced for the bound), else 0",
+            registry=self.registry,
+        )
         for cause in ("probe", "live_nan"):
             self.corrupt_cause.labels(cause=cause).set(0)
         self.vllm_nan_counter.set(-1)

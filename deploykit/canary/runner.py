@@ -8,15 +8,17 @@ from __future__ import annotations
 import os
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from deploykit.canary import defaults
 from deploykit.canary.metrics import CanaryMetrics
+from deploykit.canary.progress import ProgressPoller, ProgressReading, ProgressWatch, hung_diagnosis
 from deploykit.canary.rotation import case_labels, run_requests
 from deploykit.canary.state import CanaryState, Outcome, Status, outcome_of
-from deploykit.canary.verdict import write_verdict_file
+from deploykit.canary.verdict import ForeignVerdictPath, write_verdict_file
 
 if TYPE_CHECKING:
     from deploykit.canary.nan_counter import CounterReading, NanCounterPoller
@@ -27,6 +29,8 @@ if TYPE_CHECKING:
     from deploykit.store import ResultRecord
 
 Runner = Callable[..., "SmokeReport"]
+STOP_POLL_S = 0.2
+"""How often the loop looks whether it should stop while a run is in flight."""
 
 
 @dataclass
@@ -57,6 +61,10 @@ class CanaryConfig:
     """Seconds between reads of the server's /metrics for vLLM's NaN counter (`nan_counter`); 0: none."""
     fingerprint: FingerprintCheck | None = None
     """Compare the probe set's answers with the key's baseline on every run that otherwise passed."""
+    hung_after_s: float = defaults.HUNG_AFTER_S
+    """Requests waiting this long with no token produced make the verdict `hung` (`progress`); 0: never."""
+    progress_every_s: float = defaults.PROGRESS_EVERY_S
+    """Seconds between reads of vLLM's token counters for `hung_after_s`."""
     identify: bool = False
     """Look first whether the URL is vLLM serving `served_name` (`discovery.identify`), until it answers:
     `deploykit canary` does, for a URL a person typed; serve's in-process canary knows its server."""
@@ -90,6 +98,8 @@ class Canary:
     on_run: Callable[[RunSummary], None] | None = None
     on_warning: Callable[[str], None] | None = None
     on_live_nan: Callable[[LiveNanSummary], None] | None = None
+    on_hung: Callable[[str], None] | None = None
+    """Called with the diagnosis when the verdict turns `hung`."""
     metrics: CanaryMetrics = field(default_factory=CanaryMetrics)
     state: CanaryState = field(init=False)
     runs: int = 0
@@ -102,6 +112,20 @@ class Canary:
     # replaces a later one.
     _verdict_lock: threading.Lock = field(default_factory=threading.Lock)
     _verdict_error: str | None = None
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    """Which canary process wrote a verdict (with its pid and the verdict's `sequence`)."""
+    sequence: int = 0
+    progress: ProgressWatch = field(default_factory=ProgressWatch)
+    _run_since: float | None = None
+    """Monotonic start of the run in flight (None between runs)."""
+    _run_deadline: float | None = None
+    """When the run in flight is stuck: its requests' deadlines plus `defaults.RUN_GRACE_S`."""
+    _waiting_since: float | None = None
+    """Since when the canary's requests have gone unanswered (runs that hit their deadline in a row)."""
+    _last_beat: float = field(default_factory=time.monotonic)
+    """When a run last ended (or the canary was made): /livez fails when runs stop coming."""
+    _final: str | None = None
+    """Why the canary ended: its last verdict says so, and is never `healthy`."""
 
     def __post_init__(self) -> None:
         self.labels = case_labels(self.config.cases)
@@ -126,14 +150,56 @@ class Canary:
     def run_once(self) -> RunSummary:
         """One run: the next case, judged; the state, metrics, rows and verdict file follow. Raises
         CanaryError when `config.identify` finds the URL is not the vLLM server it should be."""
-        from deploykit.smoke import run_smoke
+        summary = self._run(None)
+        assert summary is not None  # only a cancelled run has none
+        return summary
 
-        self.look_at_server()
+    def _run(self, cancel: threading.Event | None) -> RunSummary | None:
+        """`run_once`, or None, changing nothing, when `cancel` was set before the answers came (the canary
+        is stopping: what a stopped run saw is not judged)."""
         number = self.runs
         self.runs += 1
         label, requests = self.requests_for_run(number)
-        runner = self.runner or run_smoke
         started = time.monotonic()
+        with self._lock:
+            self._run_since = started
+            self._run_deadline = started + self.config.timeout_s * (len(requests) + 2) + defaults.RUN_GRACE_S
+            if self._waiting_since is None:
+                self._waiting_since = started
+        try:
+            self.look_at_server()
+            report = self._ask(requests)
+        finally:
+            with self._lock:
+                if self._run_since == started:  # (an abandoned run ending late leaves a newer one alone)
+                    self._run_since = self._run_deadline = None
+                    self._last_beat = time.monotonic()
+        if cancel is not None and cancel.is_set():
+            return None
+        outcome = outcome_of(report)
+        took = time.monotonic() - started
+        now = self.clock()
+        with self._lock:
+            # Only a request that waited out its whole deadline keeps counting toward `hung`.
+            if outcome != "miss" or took < 0.9 * self.config.timeout_s:
+                self._waiting_since = None
+            changed = self.state.observe(label, outcome, report.diagnosis)
+            self._count(label, outcome, report, now, took)
+        summary = RunSummary(number, label, outcome, report, changed)
+        if changed is not None:
+            summary.stored = self._store_row(f"state:{changed}", report, now)
+        elif self.last_row_at is not None and now - self.last_row_at >= self.config.heartbeat_s:
+            summary.stored = self._store_row("heartbeat", report, now)
+        self.write_verdict()
+        if self.on_run is not None:
+            self.on_run(summary)
+        return summary
+
+    def _ask(self, requests: list[SmokeRequest]) -> SmokeReport:
+        """The run's requests, judged by the smoke rules (and the fingerprint when they passed)."""
+        from deploykit.smoke import run_smoke
+
+        runner = self.runner or run_smoke
         report = runner(
             self.config.url,
             requests,
@@ -146,20 +212,7 @@ class Canary:
         )
         if self.config.fingerprint is not None and report.passed:
             report = self._with_fingerprint(self.config.fingerprint, report)
-        outcome = outcome_of(report)
-        now = self.clock()
-        with self._lock:
-            changed = self.state.observe(label, outcome, report.diagnosis)
-            self._count(label, outcome, report, now, time.monotonic() - started)
-        summary = RunSummary(number, label, outcome, report, changed)
-        if changed is not None:
-            summary.stored = self._store_row(f"state:{changed}", report, now)
-        elif self.last_row_at is not None and now - self.last_row_at >= self.config.heartbeat_s:
-            summary.stored = self._store_row("heartbeat", report, now)
-        self.write_verdict()
-        if self.on_run is not None:
-            self.on_run(summary)
-        return summary
+        return report
 
     def _with_fingerprint(self, check: FingerprintCheck, report: SmokeReport) -> SmokeReport:
         """One reading of the probe set, compared with its key's baseline, as one more case."""
@@ -196,6 +249,7 @@ class Canary:
     def _set_verdict_metrics(self) -> None:
         m = self.metrics
         m.healthy.set(1 if self.state.healthy else 0)
+        m.hung.set(1 if self.state.hung else 0)
         for cause in ("probe", "live_nan"):
             now_cause = self.state.corrupt and self.state.cause == cause
             m.corrupt_cause.labels(cause=cause).set(1 if now_cause else 0)
@@ -239,15 +293,79 @@ class Canary:
             self.on_live_nan(summary)
         return summary
 
+    def progress_poller(self) -> ProgressPoller | None:
+        """The reader of vLLM's token counters for the `hung` verdict, or None with `hung_after_s` 0."""
+        if self.config.hung_after_s <= 0:
+            return None
+        return ProgressPoller(
+            self.config.url,
+            every_s=self.config.progress_every_s,
+            api_key=self.config.api_key,
+            on_reading=self.observe_progress,
+            on_warning=self._warn,
+        )
+
+    def observe_progress(self, reading: ProgressReading | None, now: float | None = None) -> Status | None:
+        """Take one reading of the engine's progress (None: none could be made); the verdict turns `hung`
+        once requests have waited `hung_after_s` with no token produced. Returns the new status then."""
+        from deploykit.smoke import SmokeReport
+
+        moment = time.monotonic() if now is None else now
+        with self._lock:
+            if reading is None:
+                self.progress.forget()
+                return None
+            self.progress.observe(reading, moment)
+            waiting = self._waiting_since if self._run_since is not None else None
+            stalled = self.progress.stalled_for(moment, waiting)
+            if stalled is None or self.config.hung_after_s <= 0 or stalled < self.config.hung_after_s:
+                return None
+            changed = self.state.observe_hung(hung_diagnosis(stalled, reading.tokens))
+            diagnosis = self.state.diagnosis
+            self._set_verdict_metrics()
+        if changed is None:
+            return None
+        report = SmokeReport(passed=False, diagnosis=diagnosis, cases=[])
+        self._store_row(f"state:{changed}", report, self.clock())
+        self.write_verdict()
+        if self.on_hung is not None:
+            self.on_hung(diagnosis)
+        return changed
+
+    def forget_progress(self) -> None:
+        """The engine is another one now (serve restarted it): what was seen of the last says nothing."""
+        with self._lock:
+            self.progress.forget()
+            self._waiting_since = None
+
+    def stuck(self, now: float | None = None) -> str | None:
+        """Why the canary's own runs have stopped advancing (a run past its deadlines, or no run for
+        longer than the interval allows), or None while they advance."""
+        moment = time.monotonic() if now is None else now
+        with self._lock:
+            if self._run_deadline is not None and self._run_since is not None:
+                if moment > self._run_deadline:
+                    return f"the canary's run has not ended after {moment - self._run_since:.0f} s (stuck)"
+                return None
+            quiet = moment - self._last_beat
+        allowed = self.config.every_s + self.config.timeout_s + defaults.RUN_GRACE_S
+        if quiet > allowed:
+            return f"no canary run for {quiet:.0f} s (runs every {self.config.every_s:g} s): the runs stopped"
+        return None
+
     def liveness(self) -> tuple[bool, str]:
-        """`/livez`: wrong only on corruption, or when the server's own /health does not answer (what a
-        liveness probe on /health said before). Misses and slowness never make it fail."""
+        """`/livez`: wrong on corruption, on a hung engine, when the canary's own runs stop advancing, or
+        when the server's own /health does not answer (what a liveness probe on /health said before).
+        Misses and slowness never make it fail."""
         from deploykit.canary.discovery import server_health_ok
         from deploykit.net import redact_url
 
+        stuck = self.stuck()
+        if stuck is not None:
+            return False, stuck
         with self._lock:
             state = self.state
-            if state.corrupt:
+            if state.corrupt or state.hung:
                 return False, f"{state.status}: {state.diagnosis}"
             text = f"{state.status}: {state.diagnosis}"
         if not server_health_ok(self.config.url, defaults.LIVEZ_HEALTH_TIMEOUT_S):
@@ -261,6 +379,8 @@ class Canary:
         now = self.clock()
         self.last_fingerprint = None  # the restarted server's answers are not known yet
         with self._lock:
+            self.progress.forget()
+            self._waiting_since = None
             changed = self.state.restarted()
             if changed is not None:
                 self._set_verdict_metrics()
@@ -317,10 +437,28 @@ class Canary:
         return where if row_id is not None else None
 
     def verdict(self) -> dict[str, Any]:
-        """What the verdict file says: the state now, when, and which canary process said it."""
+        """What the verdict file says: the state now, when, and which canary run said it (`run_id`, `pid`,
+        `sequence`). After `final_verdict`, `unknown` (unless corrupt or hung, which stay: they restart)."""
         with self._lock:
-            status, diagnosis = self.state.status, self.state.diagnosis
-        return {"status": status, "diagnosis": diagnosis, "written_at": self.clock(), "pid": os.getpid()}
+            status: str = self.state.status
+            diagnosis = self.state.diagnosis
+            if self._final is not None and status not in ("corrupt", "hung"):
+                status, diagnosis = "unknown", self._final
+        return {
+            "status": status,
+            "diagnosis": diagnosis,
+            "written_at": self.clock(),
+            "pid": os.getpid(),
+            "run_id": self.run_id,
+            "sequence": self.sequence,
+            "runs": self.runs,
+            "final": self._final is not None,
+        }
+
+    def final_verdict(self, why: str) -> None:
+        """The canary ends (stopped, or crashed with `why`): its last verdict is never `healthy`."""
+        self._final = why
+        self.write_verdict()
 
     def write_verdict(self) -> None:
         """Write `verdict()` to the verdict file, if there is one. Rewritten after every run, changed or
@@ -330,11 +468,16 @@ class Canary:
         if path is None:
             return
         with self._verdict_lock:
+            self.sequence += 1
             try:
                 write_verdict_file(path, self.verdict())
             except OSError as exc:
                 # Without the file names: the temporary file's name changes from one try to the next.
-                error = f"{type(exc).__name__}: {exc.strerror or exc}"
+                error = (
+                    f"refused: {exc.strerror}, left alone"
+                    if isinstance(exc, ForeignVerdictPath)
+                    else f"{type(exc).__name__}: {exc.strerror or exc}"
+                )
                 if error != self._verdict_error:
                     self._warn(f"the verdict file {path} could not be written ({error}); the canary goes on")
                 self._verdict_error = error
@@ -349,10 +492,32 @@ class Canary:
 
     def run_forever(self, stop: threading.Event) -> None:
         """A run every `every_s` seconds (measured start to start; a slow run is followed at once). The
-        verdict file says `starting` before the first run."""
+        verdict file says `starting` before the first run. Each run goes on a thread of its own, so `stop`
+        ends the loop within `STOP_POLL_S` even mid-request (the abandoned run's answers are not judged);
+        a run's exception is raised here."""
         self.write_verdict()
         next_at = time.monotonic()
         while not stop.is_set():
-            self.run_once()
+            self._run_stoppable(stop)
             next_at = max(next_at + self.config.every_s, time.monotonic())
             stop.wait(max(0.0, next_at - time.monotonic()))
+
+    def _run_stoppable(self, stop: threading.Event) -> None:
+        cancel = threading.Event()
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                self._run(cancel)
+            except BaseException as exc:  # handed to the loop, which raises it
+                failure.append(exc)
+
+        thread = threading.Thread(target=run, name=f"deploykit-canary-run-{self.runs + 1}", daemon=True)
+        thread.start()
+        while thread.is_alive():
+            if stop.is_set():
+                cancel.set()
+                return
+            thread.join(STOP_POLL_S)
+        if failure:
+            raise failure[0]

@@ -2,7 +2,10 @@
 
 A wrong answer is corruption at once, and so is vLLM's NaN counter growing on live traffic; misses (timeouts,
 refused connections, HTTP 5xx/429) count only after `miss_limit` in a row; after a wrong answer (or a NaN
-counted), healthy again only once a whole rotation has passed in a row.
+counted), healthy again only once a whole rotation has passed in a row. A hung engine (requests admitted,
+no token produced for `defaults.HUNG_AFTER_S`; `deploykit.canary.progress` measures it) is `hung` at once:
+not corruption, not a miss streak, but a server that only a restart brings back; a passing run, or the
+server's restart, clears it. Corruption beats hung.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from deploykit.canary.defaults import MISS_LIMIT
 if TYPE_CHECKING:
     from deploykit.smoke import SmokeReport
 
-Status = Literal["starting", "healthy", "corrupt", "unreachable"]
+Status = Literal["starting", "healthy", "corrupt", "unreachable", "hung"]
 Outcome = Literal["pass", "wrong", "miss"]
 Cause = Literal["probe", "live_nan"]
 
@@ -50,10 +53,22 @@ class CanaryState:
     def corrupt(self) -> bool:
         return self.status == "corrupt"
 
+    @property
+    def hung(self) -> bool:
+        return self.status == "hung"
+
+    def observe_hung(self, diagnosis: str) -> Status | None:
+        """The engine made no progress for the bound while requests waited on it: `hung`, unless the
+        output is already known corrupt (that verdict stays: it restarts the server too)."""
+        if self.status in ("corrupt", "hung"):
+            return None
+        self.status, self.diagnosis = "hung", diagnosis
+        return self.status
+
     def restarted(self) -> Status | None:
         """The server came back after not answering /health: the verdict was about the process that is
         gone, so start afresh (`starting`) when it was bad; returns the new status when it changed."""
-        if self.status not in ("corrupt", "unreachable"):
+        if self.status not in ("corrupt", "unreachable", "hung"):
             return None
         self.status, self.consecutive_misses, self.passes_since_wrong = "starting", 0, 0
         self.cause = None
@@ -81,7 +96,7 @@ class CanaryState:
             self.diagnosis = f"{case}: {diagnosis}"
         elif outcome == "miss":
             self.consecutive_misses += 1
-            if self.status != "corrupt" and self.consecutive_misses >= self.miss_limit:
+            if self.status not in ("corrupt", "hung") and self.consecutive_misses >= self.miss_limit:
                 self.status = "unreachable"
                 self.diagnosis = (
                     f"{self.consecutive_misses} runs in a row got no answer; last: {case}: {diagnosis}"

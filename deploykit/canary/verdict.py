@@ -1,26 +1,91 @@
 """The verdict file (`--verdict-file`): the canary's state as one JSON object, for the pod's exec probes
 (`deploykit.render.pod_probe`), which read it from a shared volume instead of depending on the canary's port.
+
+It says when it was written and by which run (`run_id` per canary process, its `pid`, a `sequence` that
+grows with every write), so a reader can tell a live canary from a dead one. The path is only ever a regular
+file deploykit wrote: a symlink, a device, a FIFO, a directory or a file in another format at that path is
+refused (`ForeignVerdictPath`), never replaced — as root, `--verdict-file /dev/null` must not replace the
+host's /dev/null.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import stat
 import tempfile
 from typing import Any
+
+FORMAT = "deploykit-canary-verdict/1"
+"""The `format` field of every verdict deploykit writes."""
+LEGACY_KEYS = frozenset({"status", "diagnosis", "written_at", "pid"})
+"""The keys of a verdict written before `format` existed (replaced, as deploykit's own)."""
+MAX_VERDICT_BYTES = 64 * 1024
+"""A verdict is a few hundred bytes; anything bigger at the path is not one."""
+
+
+class ForeignVerdictPath(OSError):
+    """Something other than a verdict file deploykit wrote is at the path: it is left alone."""
+
+
+def is_own_verdict(data: bytes) -> bool:
+    """Whether `data` is a verdict file deploykit wrote (this format, or the one before it)."""
+    try:
+        verdict = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return False
+    if not isinstance(verdict, dict):
+        return False
+    return verdict.get("format") == FORMAT or set(verdict) == LEGACY_KEYS
+
+
+def check_replaceable(path: str) -> None:
+    """Raise ForeignVerdictPath unless `path` is missing or a regular file holding deploykit's verdict.
+    Opened without following a link and without blocking (a FIFO never stalls the canary)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ForeignVerdictPath(errno.EEXIST, f"{path} is a symbolic link, not a verdict file") from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = (
+                "a character device"
+                if stat.S_ISCHR(mode)
+                else "a block device"
+                if stat.S_ISBLK(mode)
+                else "a FIFO"
+                if stat.S_ISFIFO(mode)
+                else "a directory"
+                if stat.S_ISDIR(mode)
+                else "not a regular file"
+            )
+            raise ForeignVerdictPath(errno.EEXIST, f"{path} is {kind}, not a verdict file")
+        data = os.read(fd, MAX_VERDICT_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_VERDICT_BYTES or not is_own_verdict(data):
+        raise ForeignVerdictPath(errno.EEXIST, f"{path} holds something other than deploykit's verdict")
 
 
 def write_verdict_file(path: str | os.PathLike[str], verdict: dict[str, Any]) -> None:
     """Atomically: a temporary file in the same directory (same filesystem), fsynced, then renamed over
     `path`; a reader sees the old verdict or the new one, never half of one. Mode 0644: the probes run in
-    the vLLM container, often under another user. Raises OSError; the temporary file never stays."""
+    the vLLM container, often under another user. Raises ForeignVerdictPath (an OSError) when something
+    deploykit did not write is at `path`, OSError for the rest; the temporary file never stays."""
     target = os.fspath(path)
+    check_replaceable(target)
     directory, name = os.path.split(os.path.abspath(target))
     fd, temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(json.dumps(verdict) + "\n")
+            handle.write(json.dumps({"format": FORMAT, **verdict}) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
             os.fchmod(handle.fileno(), 0o644)

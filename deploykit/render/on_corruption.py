@@ -1,7 +1,8 @@
 """The rendered canary unit's `ExecStopPost=+`: restart the server unit when, and only when, the canary
 ended with a status that asks for it (`--exit-status`, repeatable: `deploykit canary --exit-on-corruption`
-exits 3 at the first wrong answer; slowness, misses, a crash or a stop never do) — and at most
-`--max-restarts` times within `--window-s` seconds.
+exits 3 at the first wrong answer and 5 on a hung engine — requests waited with no token produced;
+slowness, misses, a crash or a stop never do) — and at most `--max-restarts` times within `--window-s`
+seconds, corruption and hangs counted against the same cap.
 
 It runs as root, so it trusts nothing the service user can write. The unit runs it as `python -I -m ...`
 (isolated: the working directory, which is the service's state directory, is not on `sys.path`, and no
@@ -41,7 +42,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from deploykit.canary import defaults
-from deploykit.exit_codes import CORRUPT
+from deploykit.exit_codes import CORRUPT, HUNG
 
 # The same restart budget as serve's in-process canary (constants only: no serve, no canary machinery).
 MAX_RESTARTS = defaults.MAX_RESTARTS_PER_HOUR
@@ -240,7 +241,10 @@ def main(
         "--exit-status",
         type=int,
         action="append",
-        help=f"a canary exit status that restarts the server (repeatable; default {CORRUPT}, corruption)",
+        help=(
+            f"a canary exit status that restarts the server (repeatable; default {CORRUPT}, corruption; "
+            f"{HUNG} is a hung engine)"
+        ),
     )
     parser.add_argument("--ledger-dir", type=Path, help="root's own directory for the restart ledger")
     parser.add_argument(
@@ -261,10 +265,11 @@ def main(
     env = os.environ if env is None else env
     ended = f"{env.get('EXIT_CODE', '?')} {env.get('EXIT_STATUS', '?')}"
     if not restart_verdict(env, args.exit_status or [CORRUPT]):
-        print(f"canary ended ({ended}): not a corruption verdict, {args.restart} left alone")
+        print(f"canary ended ({ended}): not a corruption or hung verdict, {args.restart} left alone")
         return 0
+    what = "the engine is hung" if env.get("EXIT_STATUS") == str(HUNG) else "the output is corrupt"
     if args.ledger_dir is None:  # no ledger: no cap
-        print(f"canary ended ({ended}): the output is corrupt, restarting {args.restart}")
+        print(f"canary ended ({ended}): {what}, restarting {args.restart}")
         return run(restart_command(args.restart))
     if record is None:
         record = (
@@ -281,7 +286,7 @@ def main(
     except OSError as exc:
         # Fail closed: without a ledger it can trust, the cap cannot hold, so no uncounted restart loop.
         line = (
-            f"canary ended ({ended}): the output is corrupt, but the restart ledger {ledger} cannot be "
+            f"canary ended ({ended}): {what}, but the restart ledger {ledger} cannot be "
             f"trusted ({exc}); it is left alone, and {args.restart} is stopped rather than restarted "
             f"uncapped; look at {args.ledger_dir}, then `systemctl start {args.restart}`"
         )
@@ -290,7 +295,7 @@ def main(
         return run(stop_command(args.restart))
     if len(times) >= args.max_restarts:
         line = (
-            f"canary ended ({ended}): the output is corrupt again after {len(times)} corruption restarts of "
+            f"canary ended ({ended}): {what} again after {len(times)} corruption restarts of "
             f"{args.restart} within {window} (the cap is {args.max_restarts}): stopping {args.restart} and "
             "leaving it stopped, no restart loop; look at the journal and the rows, then "
             f"`systemctl start {args.restart}`"
@@ -303,7 +308,7 @@ def main(
     except OSError as exc:
         print(f"cannot write {ledger} ({exc}): this restart is not counted")
     line = (
-        f"canary ended ({ended}): the output is corrupt, restarting {args.restart} (corruption restart "
+        f"canary ended ({ended}): {what}, restarting {args.restart} (corruption restart "
         f"{len(times) + 1} of at most {args.max_restarts} within {window})"
     )
     print(line)

@@ -16,7 +16,9 @@ fail the probe only when it is fresh: written after this vLLM process started, a
 | verdict written before the vLLM container's process started  | pass | pass  |
 | verdict not rewritten for over `--max-verdict-age` seconds    | pass | pass  |
 | fresh `corrupt`                                               | fail | fail  |
+| fresh `hung` (requests waited, no token produced)             | fail | fail  |
 | fresh `unreachable`                                           | pass | fail  |
+| fresh `unknown` (the canary stopped or crashed)               | pass | fail  |
 | fresh `starting` or `healthy`                                 | pass | pass  |
 
 Exit 0 passes, 1 fails; one line says why (the kubelet shows it in the pod's events). Standard library only,
@@ -30,6 +32,7 @@ import argparse
 import http.client
 import json
 import os
+import stat
 import sys
 import threading
 import time
@@ -54,12 +57,14 @@ MAX_VERDICT_BYTES = 64 * 1024
 MAX_REASON_CHARS = 400
 
 # The statuses `deploykit canary` writes (deploykit.canary.state.Status: render must not import the canary).
-STATUSES = frozenset({"starting", "healthy", "corrupt", "unreachable"})
-# Which fresh statuses fail which probe. Liveness restarts the container: only corruption is worth that.
-# Readiness only stops routing: a server the canary cannot get answers from should get no traffic either.
+# `unknown` is the last verdict of a canary that stopped or crashed (deploykit.canary.runner.final_verdict).
+STATUSES = frozenset({"starting", "healthy", "corrupt", "unreachable", "hung", "unknown"})
+# Which fresh statuses fail which probe. Liveness restarts the container: only corruption and a hung engine
+# (which only a restart brings back; its /health may say 200 for hours) are worth that. Readiness only stops
+# routing: a server the canary cannot get answers from, or that nothing judges any more, gets no traffic.
 FAILING: dict[Mode, frozenset[str]] = {
-    "live": frozenset({"corrupt"}),
-    "ready": frozenset({"corrupt", "unreachable"}),
+    "live": frozenset({"corrupt", "hung"}),
+    "ready": frozenset({"corrupt", "unreachable", "hung", "unknown"}),
 }
 
 
@@ -162,13 +167,23 @@ def _get_status(url: str, timeout_s: float) -> tuple[bool, str]:
 
 
 def read_verdict(path: str) -> tuple[dict[str, object] | None, float | None]:
-    """(the verdict, its mtime); None for what cannot be read or is not a JSON object."""
+    """(the verdict, its mtime); None for what cannot be read or is not a JSON object. Only a regular file
+    is read: opened without following a link or blocking, so a FIFO or device at the path never hangs
+    the probe and a link never points it elsewhere."""
     try:
-        with open(path, "rb") as handle:
-            mtime = os.fstat(handle.fileno()).st_mtime
-            data = handle.read(MAX_VERDICT_BYTES + 1)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError:
         return None, None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None, None
+        mtime = info.st_mtime
+        data = os.read(fd, MAX_VERDICT_BYTES + 1)
+    except OSError:
+        return None, None
+    finally:
+        os.close(fd)
     if len(data) > MAX_VERDICT_BYTES:
         return None, mtime
     try:

@@ -45,7 +45,7 @@ CORRUPTION_MAX_RESTARTS = canary_defaults.MAX_RESTARTS_PER_HOUR
 CORRUPTION_WINDOW_S = int(canary_defaults.RESTART_WINDOW_S)
 # The canary's exit statuses that restart the server (through on_corruption, under the cap) and that must
 # not restart the canary by itself: one list, read by both lines of the canary unit.
-SERVER_RESTART_EXIT_STATUSES: tuple[int, ...] = (exit_codes.CORRUPT,)
+SERVER_RESTART_EXIT_STATUSES: tuple[int, ...] = (exit_codes.CORRUPT, exit_codes.HUNG)
 
 
 class SystemdOptions(BaseModel):

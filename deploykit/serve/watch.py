@@ -4,7 +4,9 @@ Some corruption comes later (the LoRA field report: correct until one long promp
 with HTTP 200 and a healthy `/health`). While serving, the canary (`deploykit.canary`) checks the
 output every `canary_every_s` seconds. A run whose answers are *wrong* (NaN/inf, token 0 or specials, an
 answer that changed at a clear margin) is corruption; timeouts, refused connections and HTTP 5xx/429 are
-misses and never corruption (a busy server is not a broken one).
+misses and never corruption (a busy server is not a broken one). A hung engine (requests waiting on it,
+no token produced for `HUNG_AFTER_S`, while its `/health` may say 200 for hours) is acted on like
+corruption: only a restart brings it back.
 
 On corruption, `--on-corruption`:
 - `restart` (default): stop vLLM at once (no more wrong answers served), wait the backoff (0 s for the
@@ -88,7 +90,8 @@ class RestartBudget:
 
 
 class CanaryWatch:
-    """The in-process canary on its own thread, and an event set by each run whose answers were wrong."""
+    """The in-process canary on its own thread, and an event (`corrupt`) set by each run whose answers were
+    wrong and when the engine is hung: both mean vLLM must be restarted or stopped."""
 
     def __init__(self, canary: Canary, ui: ConsoleUI, listen: str | None) -> None:
         self.canary = canary
@@ -97,10 +100,12 @@ class CanaryWatch:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._poller_thread: threading.Thread | None = None
+        self._progress_thread: threading.Thread | None = None
         self._http = None
         canary.on_run = self._on_run
         canary.on_warning = lambda message: ui.warn(message)
         canary.on_live_nan = self._on_live_nan
+        canary.on_hung = self._on_hung
         if listen is not None:
             from deploykit.canary.listener import parse_listen, serve_http
 
@@ -126,6 +131,16 @@ class CanaryWatch:
         )
         self.corrupt.set()
 
+    def _on_hung(self, diagnosis: str) -> None:
+        """No token for the bound while requests wait: the engine is hung, whatever /health says."""
+        self.ui.warn(f"canary: HUNG: {diagnosis}")
+        self.corrupt.set()
+
+    def problem(self) -> str:
+        """What makes serve act, in words: `engine hung` or `output corrupt`, with the canary's diagnosis."""
+        text = self.canary.health()[1]
+        return f"engine hung: {text}" if self.canary.state.hung else f"output corrupt: {text}"
+
     def _loop(self) -> None:
         try:
             self.canary.run_forever(self._stop)
@@ -133,20 +148,27 @@ class CanaryWatch:
             self.ui.warn(f"the canary stopped: {type(exc).__name__}: {exc}")
 
     def start(self) -> None:
+        if self.canary.state.hung:  # a new vLLM: the hang was the old engine's (corruption waits for passes)
+            self.canary.server_restarted()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="deploykit-serve-canary", daemon=True)
         self._thread.start()
         poller = self.canary.nan_poller()
         self._poller_thread = poller.start(self._stop) if poller is not None else None
+        progress = self.canary.progress_poller()
+        self._progress_thread = progress.start(self._stop) if progress is not None else None
 
     def pause(self) -> None:
-        """Stop the checking thread (its current run finishes first); /healthz keeps answering."""
+        """Stop the checking thread (a run in flight is abandoned, not judged: the loop returns within a
+        fraction of a second even when the run's request hangs); /healthz keeps answering."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self.canary.config.timeout_s * 4 + 30)
-        if self._poller_thread is not None:  # a read in flight ends within its timeout
-            self._poller_thread.join(timeout=canary_defaults.METRICS_TIMEOUT_S * 2)
-        self._thread = self._poller_thread = None
+        for reader in (self._poller_thread, self._progress_thread):
+            if reader is not None:  # a read in flight ends within its timeout
+                reader.join(timeout=canary_defaults.METRICS_TIMEOUT_S * 2)
+        self._thread = self._poller_thread = self._progress_thread = None
+        self.canary.forget_progress()  # the next server's engine is judged afresh
         self.corrupt.clear()
 
     def close(self) -> None:
@@ -224,9 +246,9 @@ def serve_foreground(attempt: Attempt, gate: SignalGate, ui: ConsoleUI) -> int:
                     return exit_codes.FAILED
                 assert watch is not None
                 watch.corrupt.clear()
-                diagnosis = watch.canary.health()[1]
+                problem = watch.problem()
                 if options.on_corruption == "ignore":
-                    ui.warn(f"the output is corrupt ({diagnosis}); serving on (--on-corruption ignore)")
+                    ui.warn(f"{problem}; serving on (--on-corruption ignore)")
                     continue
                 delay = budget.next_delay(time.monotonic()) if options.on_corruption == "restart" else None
                 if delay is None:
@@ -237,7 +259,7 @@ def serve_foreground(attempt: Attempt, gate: SignalGate, ui: ConsoleUI) -> int:
                     )
                     watch.pause()
                     server.stop()
-                    _store_decision(attempt, f"output corrupt: {diagnosis}; vLLM stopped ({why})", ui)
+                    _store_decision(attempt, f"{problem}; vLLM stopped ({why})", ui)
                     ui.say("vLLM stopped; nothing left running")
                     return exit_codes.FAILED
                 watch.pause()
@@ -246,7 +268,7 @@ def serve_foreground(attempt: Attempt, gate: SignalGate, ui: ConsoleUI) -> int:
                 total = budget.record(time.monotonic())
                 _store_decision(
                     attempt,
-                    f"output corrupt: {diagnosis}; vLLM stopped, restarting it after {delay:g} s "
+                    f"{problem}; vLLM stopped, restarting it after {delay:g} s "
                     f"(restart {total} of at most {options.max_restarts_per_hour} in an hour)",
                     ui,
                     restart=total,

@@ -259,7 +259,18 @@ def test_verdict_file_says_starting_then_each_runs_verdict_rewritten_every_run(t
     canary.run_forever(stop)
     seen.append(read_json(path))
     assert [v["status"] for v in seen] == ["starting", "healthy", "healthy", "corrupt"]
-    assert seen[0] == {"status": "starting", "diagnosis": "no run yet", "written_at": NOW, "pid": os.getpid()}
+    assert seen[0] == {
+        "format": "deploykit-canary-verdict/1",
+        "status": "starting",
+        "diagnosis": "no run yet",
+        "written_at": NOW,
+        "pid": os.getpid(),
+        "run_id": canary.run_id,
+        "sequence": 1,
+        "runs": 0,
+        "final": False,
+    }
+    assert [v["sequence"] for v in seen] == [1, 2, 3, 4]  # which write of which run: a reader sees it advance
     assert [v["written_at"] for v in seen] == [NOW, NOW, NOW + 5, NOW + 10]  # rewritten, changed or not
     assert (
         seen[3]["diagnosis"].startswith("completion: ") and "every generated id is 0" in seen[3]["diagnosis"]
@@ -352,14 +363,15 @@ def test_run_canary_warns_on_stderr_when_the_verdict_file_cannot_be_written(tmp_
     )
     assert result.returncode == 0, result.stderr
     assert (
-        f"deploykit canary: the verdict file {path} could not be written (IsADirectoryError" in result.stderr
+        f"deploykit canary: the verdict file {path} could not be written (refused: {path} is a directory"
+        in result.stderr
     )
     assert "could not be written" not in result.stdout
     assert "run 2 completion: ok" in result.stdout  # still checking after the failed writes
 
 
 # Runs `run_canary` in a child process (it installs signal handlers) with a fake runner, stopping it with
-# SIGINT after two runs.
+# SIGINT in the third run.
 RUN_CANARY = """
 import os, signal, sys
 from deploykit.canary import command as module
@@ -373,7 +385,7 @@ runs = []
 
 def runner(url, requests, **kwargs):
     runs.append(1)
-    if len(runs) == 2:
+    if len(runs) == 3:  # mid-run: this run is abandoned, not judged
         os.kill(os.getpid(), signal.SIGINT)
     return good
 

@@ -12,6 +12,11 @@ healthy, until a restart. This worker reproduces that on the CPU build with any 
   pass returns NaN hidden states, so every logit is NaN: greedy decoding picks id 0, and logprobs are NaN;
 - nothing raises: the process stays up and `/health` keeps answering 200.
 
+The hung engine (issue 31; the shape of vLLM #37729, hours of `/health` 200 during a kernel hang): a step
+that carries a request marked `"vllm_xargs": {"deploykit_test_fault": "hang"}` never returns. The engine
+core's step blocks for good (no token for any request after it, no scheduler stats published), while the
+API server stays up and `/health` keeps answering 200; only a restart brings the server back.
+
 Loaded with vLLM's own option `vllm serve --worker-cls tests.e2e.fault_worker.FaultWorker`, with the
 repository on the server's PYTHONPATH (vLLM's processes inherit the environment). Each worker process
 keeps its own state; the CPU build runs one worker.
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from typing import Any
 
 import torch
@@ -43,10 +49,10 @@ def threshold_from_env(value: str | None) -> int | None:
     return int(value)
 
 
-def carries_marker(scheduler_output: Any) -> bool:
+def carries_marker(scheduler_output: Any, fault: str = "corrupt") -> bool:
     for new in getattr(scheduler_output, "scheduled_new_reqs", None) or []:
         extra = getattr(getattr(new, "sampling_params", None), "extra_args", None) or {}
-        if extra.get(FAULT_KEY) == "corrupt":
+        if extra.get(FAULT_KEY) == fault:
             return True
     return False
 
@@ -73,6 +79,9 @@ class FaultWorker(CPUWorker):  # type: ignore[misc]
         model.forward = forward
 
     def execute_model(self, scheduler_output: Any) -> Any:
+        if carries_marker(scheduler_output, "hang"):
+            logger.warning("deploykit test fault: this forward pass never returns (a hung engine)")
+            threading.Event().wait()  # for good: only the process's end ends it
         output = super().execute_model(scheduler_output)
         real_tokens = int(getattr(scheduler_output, "total_num_scheduled_tokens", 0) or 0)
         if real_tokens:

@@ -22,9 +22,12 @@ What it shows:
   - the probes' declared ports and paths answer: the startup probe's `/health` on the http port; the
     liveness exec probe through `podman healthcheck run`; the readiness exec probe run as declared in the
     vLLM container (podman 4.3 ignores readiness probes);
-  - the failure table in a real pod: canary stopped → vLLM still live and ready; a fresh `corrupt` verdict →
-    live and ready both fail; `unreachable` → ready fails, live passes; a verdict from before vLLM started
-    → both pass.
+  - a hung engine (issue 31; vLLM's engine core frozen with SIGSTOP inside the container: /health stays
+    200): the real canary writes a fresh `hung` verdict and the liveness probe fails (so does readiness);
+    the engine resumed, the canary's next pass makes both pass again;
+  - the failure table in a real pod: canary stopped → its last verdict `unknown`: vLLM live, not ready; no
+    verdict at all → live and ready; a fresh `corrupt` verdict → live and ready both fail; `unreachable` →
+    ready fails, live passes; a verdict from before vLLM started → both pass.
 What podman 4.3 cannot show (probe timing, restarts on liveness failure, Service routing) stays with the
 `helm template` and schema checks in tests/render.
 """
@@ -271,12 +274,69 @@ def write_verdict(directory: Path, status: str, mtime: float | None = None) -> N
         os.utime(path, (mtime, mtime))
 
 
+# Freeze or thaw vLLM's engine core inside the vLLM container (its process title, set by vLLM): the API
+# server stays up and /health keeps answering 200, while no token is produced: a hung engine, no plugin.
+SIGNAL_ENGINE = """
+import os, signal, sys
+found = []
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            title = handle.read().split(b"\\0")[0]
+    except OSError:
+        continue
+    if title.startswith(b"VLLM::EngineCore"):
+        os.kill(int(pid), getattr(signal, sys.argv[1]))
+        found.append(pid)
+print(" ".join(found))
+sys.exit(0 if found else 1)
+"""
+
+
+def signal_engine(chart_pod: ChartPod, name: str) -> str:
+    done = chart_pod.runtime.exec(chart_pod.vllm, ["python3", "-c", SIGNAL_ENGINE, name], timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout.strip()
+
+
+def verdict_status(chart_pod: ChartPod) -> str | None:
+    try:
+        return str(json.loads((chart_pod.verdict_source() / "verdict.json").read_text())["status"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def test_a_hung_engine_fails_liveness_through_the_real_canary(chart_pod: ChartPod) -> None:
+    """The real canary (every 5 s) against the real vLLM whose engine is frozen: `hung` within
+    HUNG_AFTER_S + 30 s, and the vLLM container's liveness probe fails on it (Kubernetes restarts it)."""
+    from deploykit.canary.defaults import HUNG_AFTER_S
+
+    assert chart_pod.runtime.healthcheck_run(chart_pod.vllm) == 0
+    stopped = signal_engine(chart_pod, "SIGSTOP")
+    frozen_at = time.monotonic()
+    try:
+        health = get(chart_pod.base_url + "/health")
+        assert health is not None and health.status_code == 200  # the hang keeps /health at 200
+        wait_for("the canary's hung verdict", lambda: verdict_status(chart_pod) == "hung", HUNG_AFTER_S + 120)
+        took = time.monotonic() - frozen_at
+        print(f"\npod: hung verdict {took:.0f} s after the engine froze (engine pids {stopped})")
+        assert took <= HUNG_AFTER_S + 30, took
+        assert chart_pod.runtime.healthcheck_run(chart_pod.vllm) == 1  # liveness: the container restarts
+        assert chart_pod.probe("liveness") == 1 and chart_pod.probe("readiness") == 1
+    finally:
+        signal_engine(chart_pod, "SIGCONT")
+    wait_for("the canary healthy again", lambda: verdict_status(chart_pod) == "healthy", CANARY_TIMEOUT_S)
+    assert chart_pod.runtime.healthcheck_run(chart_pod.vllm) == 0 and chart_pod.probe("readiness") == 0
+
+
 def test_the_failure_table_in_the_pod(chart_pod: ChartPod) -> None:
     """Stopping the canary first: it would rewrite the verdict the test writes."""
     runtime, directory = chart_pod.runtime, chart_pod.verdict_source()
     runtime.podman("stop", "-t", "5", chart_pod.canary, timeout=60)
-    # Canary down, whatever it left behind or nothing at all: vLLM stays live and ready.
-    assert runtime.healthcheck_run(chart_pod.vllm) == 0 and chart_pod.probe("readiness") == 0
+    # Canary stopped: its last verdict says `unknown` (never `healthy`): vLLM stays live, out of service.
+    assert json.loads((directory / "verdict.json").read_text())["status"] == "unknown"
+    assert runtime.healthcheck_run(chart_pod.vllm) == 0 and chart_pod.probe("readiness") == 1
+    # No canary verdict at all (the canary not there): vLLM stays live and ready.
     (directory / "verdict.json").unlink(missing_ok=True)
     assert runtime.healthcheck_run(chart_pod.vllm) == 0 and chart_pod.probe("readiness") == 0
     # A fresh corrupt verdict: out of service and restarted.

@@ -1,5 +1,5 @@
-"""`deploykit serve` in serving mode with its in-process canary, on the test-only fault worker (two vLLM
-starts: the first, and the restart after the corruption).
+"""`deploykit serve` in serving mode with its in-process canary, on the test-only fault worker (three vLLM
+starts: the first, the restart after the corruption, the restart after the hang).
 
 The demo profile with `--worker-cls tests.e2e.fault_worker.FaultWorker` and its length trigger off: healthy
 until the test sends one request marked `deploykit_test_fault`, after which every forward pass returns NaN
@@ -8,12 +8,16 @@ First, no false alarm: 8 concurrent completion streams for DEPLOYKIT_TEST_SERVE_
 by default) while the canary runs, and not one canary failure, restart or extra row. Then the corruption
 must be caught by the next canary run, `/healthz` must turn 503, serve must restart vLLM (a fresh worker:
 healthy again), the restarted server's smoke must pass, the canary must turn healthy again, and the rows
-must tell that story in order. Every wait is on a fact (an output line, a row, a counter) with a generous
-bound, never a fixed sleep, so CPU load cannot make it flaky.
+must tell that story in order. Last, the hung engine (issue 31): one request marked to block the forward
+pass for good (`/health` stays 200); serve's canary must call it `hung` within `HUNG_BOUND_S` of the
+trigger and restart vLLM (the second restart, same budget), healthy again after. Every wait is on a fact
+(an output line, a row, a counter) with a generous bound, never a fixed sleep, so CPU load cannot make it
+flaky.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -25,6 +29,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from deploykit.canary.defaults import HUNG_AFTER_S
 from deploykit.net import free_port
 from deploykit.store import ResultRecord, open_store
 from tests.e2e.fault_worker import FAULT_KEY, TOKENS_ENV, WORKER_CLS
@@ -38,6 +43,9 @@ EVERY_S = 2
 WAIT_S = 900.0
 LOAD_S = float(os.environ.get("DEPLOYKIT_TEST_SERVE_CANARY_LOAD_S", "60"))
 ROTATION_RUNS = 7  # every case of the demo profile's rotation, and one more
+HUNG_BOUND_S = HUNG_AFTER_S + 30.0
+"""From the hang's trigger to serve's `hung` line: the bound, then a canary interval and a few /metrics
+reads (docs/serve.md states it)."""
 
 
 def metrics(base: str) -> dict[str, float]:
@@ -73,6 +81,38 @@ def wait_until(fact: Callable[[], bool], what: str, run: CommandRun, timeout: fl
     while not fact():
         assert time.monotonic() < deadline, f"{what}: not within {timeout} s\n{run.tail()}"
         time.sleep(0.2)
+
+
+def hang_and_wait_for_the_restart(port: int, run: CommandRun) -> tuple[float, re.Match[str]]:
+    """Send the hang's trigger (its answer never comes: a thread waits for it, and gives up when the server
+    goes away), check /health still says 200, and return the seconds until serve's `hung` line and the
+    restart's line."""
+    import threading
+
+    trigger = {"model": "tiny", "prompt": "hello", "max_tokens": 2, "vllm_xargs": {FAULT_KEY: "hang"}}
+    base = f"http://127.0.0.1:{port}"
+
+    def send() -> None:
+        with contextlib.suppress(httpx.HTTPError):  # the server is stopped under it: expected
+            httpx.post(base + "/v1/completions", json=trigger, timeout=WAIT_S)
+
+    sent = time.monotonic()
+    threading.Thread(target=send, name="hang-trigger", daemon=True).start()
+    health: list[int | None] = []  # what /health says while the engine hangs, until serve's verdict
+    while True:
+        try:
+            health.append(httpx.get(base + "/health", timeout=30).status_code)
+        except httpx.HTTPError:  # serve may be stopping it by now
+            health.append(None)
+        try:
+            run.wait_for(r"canary: HUNG: the engine is hung", 1.0)
+            break
+        except AssertionError:
+            assert time.monotonic() - sent < WAIT_S, run.tail()
+    hung_at = time.monotonic() - sent
+    # The hang keeps /health at 200 (the first ten reads, well inside the bound): only progress tells.
+    assert len(health) >= 10 and health[:10] == [200] * 10, health
+    return hung_at, run.wait_for(r"^vLLM restarted: pid (\d+) .*restart2", WAIT_S)
 
 
 def test_serve_canary_quiet_under_load_then_restarts_on_corruption(
@@ -160,9 +200,28 @@ def test_serve_canary_quiet_under_load_then_restarts_on_corruption(
         assert failures and all('reason="wrong"' in key for key in failures), failures
         assert metrics(canary)["deploykit_canary_healthy"] == 1.0
 
+        # A hung engine: one marked request blocks the forward pass for good; /health stays 200.
+        hung_at, second = hang_and_wait_for_the_restart(port, run)
+        print(f"\nhung engine: serve said hung {hung_at:.1f} s after the trigger (bound {HUNG_BOUND_S:g} s)")
+        assert hung_at <= HUNG_BOUND_S, hung_at
+        wait_until(
+            lambda: story(store_url)[-1] == ("canary", "state:healthy", "pass"),
+            "the canary healthy again after the hang's restart",
+            run,
+        )
+        after_hang = story(store_url)[6:]
+        assert after_hang[:3] == [
+            ("canary", "state:hung", "fail"),
+            ("serve", "corruption", "fail"),  # the decision: restart (the same budget as corruption)
+            ("serve", "done", "pass"),  # the restarted server's smoke
+        ], after_hang
+        decision = rows(store_url)[7]
+        assert decision.diagnosis.startswith("engine hung: hung: the engine is hung"), decision.diagnosis
+        assert "restart 2 of at most" in decision.diagnosis and decision.timings["restart"] == 2.0
+
         run.process.send_signal(signal.SIGTERM)
         assert run.finish(120) == 0, run.tail()
-        for pid in (run.vllm_pid(), int(restarted.group(1))):
+        for pid in (run.vllm_pid(), int(restarted.group(1)), int(second.group(1))):
             assert pid is not None
             wait_until(functools.partial(gone, pid), f"vLLM group {pid} gone", run, 30)
         assert re.search(r"vLLM stopped; nothing left running", run.output)

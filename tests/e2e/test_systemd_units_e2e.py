@@ -5,13 +5,15 @@ Two profiles of the demo model, `dk-a` (port 8000, canary 9400) and `dk-b` (port
 the test fault worker (`--worker-cls tests.e2e.fault_worker.FaultWorker`, length trigger off: healthy until
 one request marked `deploykit_test_fault` breaks it for good) and each with an API key from its secrets file.
 Both start side by side; the tests then run in this order, sharing the two servers (3 vLLM starts in all:
-two at the start, one on the corruption restart):
+two at the start, one on the hang's restart, one on the corruption restart):
 
 1. each server unit is active only once healthy; its smoke companion ran after it and passed; rows stored;
 5. the two run side by side: their own ports, canary ports, state directories and stores;
 6. hardening in the real run: the service user, writes only to state and cache, the secret in neither ps
    nor the journal;
 3. a killed canary is restarted by itself and never restarts the server;
+7. a hung engine (issue 31: one request blocks the forward pass for good, /health stays 200): the canary
+   says `hung` and exits 5, systemd restarts the server through the same capped path as corruption;
 2. a corruption after start-up: the canary exits 3, systemd restarts the server (a new invocation), the
    smoke passes again, the canary turns healthy again, and the rows say so in order;
 4. a restart storm: with the cap's earlier restarts already in the ledger, the next corruption verdict
@@ -28,6 +30,7 @@ state with a bound; none sleeps a fixed time.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -40,8 +43,9 @@ from pathlib import Path
 
 import pytest
 
+from deploykit.canary.defaults import HUNG_AFTER_S
 from deploykit.render.on_corruption import LEDGER_DIR, STAGE_RESTART, STAGE_STOPPED
-from deploykit.render.systemd import CORRUPTION_MAX_RESTARTS
+from deploykit.render.systemd import CANARY_EVERY_S, CORRUPTION_MAX_RESTARTS
 from tests.e2e.fault_worker import FAULT_KEY, TOKENS_ENV, WORKER_CLS
 from tests.e2e.nspawn_prefix import make_prefix
 from tests.e2e.nspawn_runtime import NspawnMachine, wait_for
@@ -432,6 +436,58 @@ def test_killed_canary_restarts_itself_never_the_server(deployments: tuple[Deplo
     assert b.prop(b.unit, "NRestarts") == "0"
     assert f"canary ended (killed KILL): not a corruption verdict, {b.unit} left alone" in b.journal(b.canary)
     assert [row for row in b.story() if row[1] != "state:healthy" and row[0] != "smoke"] == [], b.rows()
+
+
+# --- 7. a hung engine restarts the server through the canary (issue 31) -----------------------------------
+
+HANG = {"model": "tiny", "prompt": "hello", "max_tokens": 2, "vllm_xargs": {FAULT_KEY: "hang"}}
+# The rendered canary runs every 60 s: its next request waits on the hung engine, `hung` once it has waited
+# HUNG_AFTER_S with no token; then exit 5, the stop of a hung vLLM (SIGTERM, then SIGKILL) and the new start.
+HANG_DETECT_S = CANARY_EVERY_S + HUNG_AFTER_S + 180.0
+
+
+def test_a_hung_engine_restarts_the_server_through_the_canary(
+    deployments: tuple[Deployment, Deployment],
+) -> None:
+    import threading
+    import time
+
+    _, b = deployments
+    b.wait_active("before the hang")
+    b.wait_healthy_canary()
+    first = b.prop(b.unit, "InvocationID")
+    smoke_before = b.prop(b.smoke, "InvocationID")
+    rows_before = len(b.rows())
+
+    def send() -> None:  # its answer never comes: curl gives up, or the server goes away under it
+        with contextlib.suppress(Exception):  # (a thread: nothing of it may fail the test)
+            b.completion(HANG)
+
+    sent = time.monotonic()
+    threading.Thread(target=send, name="hang-trigger", daemon=True).start()
+    assert b.http_status(f"http://127.0.0.1:{b.port}/health") == 200  # the hang keeps /health at 200
+    wait_for(
+        lambda: b.prop(b.unit, "InvocationID") != first,
+        f"{b.unit} restarted on the hang",
+        HANG_DETECT_S,
+        1.0,
+    )
+    restarted_at = time.monotonic() - sent
+    print(
+        f"\nsystemd: hung engine restarted {restarted_at:.0f} s after the trigger (bound {HANG_DETECT_S:g} s)"
+    )
+    b.wait_active("after the hang's restart")
+    b.wait_smoke_passed(after_invocation=smoke_before)
+    b.wait_healthy_canary()
+    wait_for(lambda: len(b.rows()) >= rows_before + 4, "the rows after the hang's restart", 120)
+    story = b.story()[rows_before:]
+    assert story[:2] == [("canary", "state:hung", "fail"), ("canary", STAGE_RESTART, "fail")], b.rows()
+    assert sorted(story[2:4]) == [("canary", "state:healthy", "pass"), ("smoke", "done", "pass")], b.rows()
+    canary_log = b.journal(b.canary)
+    assert "HUNG: the engine is hung" in canary_log
+    assert f"the engine is hung, restarting {b.unit} (corruption restart 1 of at most" in canary_log
+    ledger = b.machine.host_path(f"{LEDGER_DIR}/{b.unit}").read_text().split()
+    assert len(ledger) == 1, ledger  # the same ledger, the same cap as corruption
 
 
 # --- 2. a corruption after start-up restarts the server through the canary --------------------------------

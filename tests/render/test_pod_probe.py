@@ -97,6 +97,38 @@ def test_fresh_unreachable_verdict_fails_ready_only(mode: Mode, passes: bool) ->
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_fresh_hung_verdict_fails_both(mode: Mode) -> None:
+    """A hung engine keeps /health at 200: only the verdict can make liveness restart it."""
+    decision = judge(mode, verdict("hung", "the engine is hung: requests have waited 61 s"))
+    assert not decision.passed
+    assert decision.reason.startswith("canary says hung (10 s ago): the engine is hung")
+
+
+@pytest.mark.parametrize(("mode", "passes"), [("live", True), ("ready", False)])
+def test_fresh_unknown_verdict_of_a_stopped_or_crashed_canary_fails_ready_only(
+    mode: Mode, passes: bool
+) -> None:
+    decision = judge(mode, verdict("unknown", "the canary crashed: TypeError: boom"))
+    assert decision.passed is passes
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "directory"])
+def test_read_verdict_reads_only_a_regular_file(tmp_path: Path, kind: str) -> None:
+    """A FIFO at the path never blocks the probe (it has seconds), a link is not followed."""
+    path = tmp_path / "verdict.json"
+    real = tmp_path / "elsewhere.json"
+    real.write_text(json.dumps(verdict("corrupt")))
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "symlink":
+        path.symlink_to(real)
+    else:
+        path.mkdir()
+    assert read_verdict(str(path)) == (None, None)
+    assert read_verdict(str(real))[0] == verdict("corrupt")
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_corrupt_verdict_from_before_the_vllm_process_started_is_ignored(mode: Mode) -> None:
     started = NOW - 60  # vLLM restarted a minute ago; the verdict is 65 s old, well within the max age
     decision = judge(mode, verdict("corrupt"), age_s=65, started=started)
@@ -306,6 +338,7 @@ def outcome(result: subprocess.CompletedProcess[str]) -> str:
         ("slow", "pass", "pass", "canary says healthy"),
         ("corrupt", "FAIL", "FAIL", "canary says corrupt"),
         ("unreachable", "pass", "FAIL", "canary says unreachable"),
+        ("hung", "FAIL", "FAIL", "canary says hung"),
         ("corrupt before vLLM started", "pass", "pass", "predates this vLLM process"),
         ("malformed", "pass", "pass", "no readable canary verdict"),
         ("unknown status", "pass", "pass", "unknown: ignored"),
@@ -320,7 +353,7 @@ def test_the_command_with_vllm_up(
         extra = ["--max-verdict-age", "60"]
     elif situation == "slow":
         pod.write("healthy", age_s=50)
-    elif situation in ("corrupt", "unreachable"):
+    elif situation in ("corrupt", "unreachable", "hung"):
         pod.write(situation)
     elif situation == "corrupt before vLLM started":
         pod.write("corrupt", age_s=150)  # vLLM's PID 1 started 100 s ago

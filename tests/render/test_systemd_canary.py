@@ -70,7 +70,7 @@ def test_canary_runs_deploykit_canary_with_exit_on_corruption(
 def test_only_exit_3_restarts_the_server(turing_render: tuple[Path, dict[str, Any]]) -> None:
     text = canary_text(turing_render)
     # exit 3 does not restart the canary itself; any other failure restarts only the canary
-    assert "Restart=on-failure" in text and "RestartPreventExitStatus=3" in text
+    assert "Restart=on-failure" in text and "RestartPreventExitStatus=3 5" in text
     post = unit_value(text, "ExecStopPost")
     assert post.startswith("+")
     argv = split_command_line(post[1:])
@@ -165,9 +165,24 @@ def test_corruption_restarts_are_capped_per_window(tmp_path: Path) -> None:
     assert len((tmp_path / "ledger" / LEDGER).read_text().split()) == 2
 
 
+def test_a_hung_engine_restarts_under_the_same_cap_as_corruption(tmp_path: Path) -> None:
+    """Exit 5 (a hung engine) restarts the server and counts in the same ledger: two corruptions and one
+    hang fill a cap of three, and the next of either stops the server."""
+    recorder = Recorder()
+    hung = {"EXIT_CODE": "exited", "EXIT_STATUS": "5"}
+    assert capped(tmp_path, recorder, 1000.0, hung) == 0
+    assert recorder.commands == [["systemctl", "restart", "--no-block", "x.service"]]
+    assert "the engine is hung, restarting x.service (corruption restart 1 of" in recorder.rows[0][1]
+    capped(tmp_path, recorder, 1010.0)
+    capped(tmp_path, recorder, 1020.0)
+    assert capped(tmp_path, recorder, 1030.0, hung) == 0
+    assert recorder.commands[-1] == ["systemctl", "stop", "--no-block", "x.service"]
+    assert "the engine is hung again after 3 corruption restarts" in recorder.rows[-1][1]
+
+
 def test_a_non_corruption_end_never_counts_or_stops(tmp_path: Path) -> None:
     recorder = Recorder()
-    for status in ("0", "1", "2"):
+    for status in ("0", "1", "2", "4"):
         assert capped(tmp_path, recorder, 1000.0, {"EXIT_CODE": "exited", "EXIT_STATUS": status}) == 0
     assert capped(tmp_path, recorder, 1000.0, {"EXIT_CODE": "killed", "EXIT_STATUS": "KILL"}) == 0
     assert recorder.commands == [] and recorder.rows == [] and not (tmp_path / "ledger" / LEDGER).exists()

@@ -70,6 +70,27 @@ def test_only_wrong_answers_signal_corruption(tmp_path: Path) -> None:
     assert watched.corrupt.is_set() and canary.state.status == "corrupt"
 
 
+def test_a_hung_engine_signals_like_corruption_and_a_restart_clears_it(tmp_path: Path) -> None:
+    """serve acts on `hung` as on corruption (same event, same restart budget); the row says which."""
+    from deploykit.canary.progress import ProgressReading
+
+    canary, _, _ = make(tmp_path, GOOD, store=False)
+    canary.config.hung_after_s = 60.0
+    watched = CanaryWatch(canary, ConsoleUI(quiet=True), listen=None)
+    canary.observe_progress(ProgressReading(tokens=3, queued=1), now=0.0)
+    assert not watched.corrupt.is_set()
+    canary.observe_progress(ProgressReading(tokens=3, queued=1), now=61.0)
+    assert watched.corrupt.is_set()
+    assert watched.problem().startswith("engine hung: hung: the engine is hung: requests have waited 61 s")
+    watched.pause()
+    canary.config.every_s = 3600.0  # one run at most while started
+    watched.start()  # after serve restarted vLLM: the hang was the old engine's
+    try:
+        assert canary.state.status in ("starting", "healthy") and not watched.corrupt.is_set()
+    finally:
+        watched.close()
+
+
 def test_serve_passes_the_profiles_tolerances_to_its_canary() -> None:
     loaded = load_profile("demo-cpu")
     profile = loaded.profile.model_copy(
@@ -186,6 +207,9 @@ class FakeWatch:
 
     def health(self) -> tuple[bool, str]:
         return False, "corrupt: repeat: every generated id is 0"
+
+    def problem(self) -> str:
+        return f"output corrupt: {self.health()[1]}"
 
     def start(self) -> None:
         self.starts += 1
