@@ -1126,7 +1126,7 @@ def open_store(url: str | None = None, *, migrate: bool = True) -> Store:
     try:
         chosen = url or default_store_url()
     except errors.MissingPackageError as exc:  # no platformdirs: where the default store goes is unknown
-        raise StoreError(f"{exc.message}, or {NO_STORE}") from None
+        raise StoreError(f"{exc.message}, or {NO_STORE}", spoolable=False) from None
     check_store_url(chosen)
     store = Store(create_store_engine(chosen), chosen)
     try:

@@ -29,12 +29,10 @@ def store_row(
     from deploykit.store import StoreError, open_store
 
     if store is None or isinstance(store, str):
-        url = store
         try:
-            url = _url(store)
-            opened = open_store(url)
+            opened = open_store(store)
         except StoreError as exc:
-            return None, _spool(record, url, exc, warn, what)
+            return None, _spool(record, _url(store), exc, warn, what)
         try:
             return _add(record, opened, warn, what)
         finally:
@@ -42,17 +40,17 @@ def store_row(
     return _add(record, store, warn, what)
 
 
-def _url(store: str | None) -> str:
+def _url(store: str | None) -> str | None:
+    """The store's URL (None is the default store's), None when not even that is known (no platformdirs)."""
     from deploykit import errors
     from deploykit.paths import default_store_url
-    from deploykit.store import StoreError
 
     if store is not None:
         return store
     try:
         return default_store_url()
-    except errors.MissingPackageError as exc:
-        raise StoreError(exc.message, spoolable=False) from None
+    except errors.MissingPackageError:
+        return None
 
 
 def _add(
