@@ -187,9 +187,10 @@ def _disk_full(url: str, error: BaseException | None) -> str:
         return ""
     if "disk is full" not in text and free >= _FULL_BELOW_BYTES:
         return ""
+    limit = "" if free < _FULL_BELOW_BYTES else ", or the store file may grow no further (a size limit)"
     return (
-        f"the disk holding {path.parent} is full ({free // 1024} KiB free): free space there, or point "
-        f"--store (${STORE_ENV_VAR}) at another disk"
+        f"the disk holding {path.parent} is full ({free // 1024} KiB free there{limit}): free space, or "
+        f"point --store (${STORE_ENV_VAR}) at another disk"
     )
 
 
@@ -454,7 +455,9 @@ def _sqlite_engine(url: sa.URL, given: str) -> sa.Engine:
             "deploykit exits; give a file, sqlite:///PATH, or pass --no-store (smoke, canary) to keep none",
             spoolable=False,
         )
-    if _read_only_file(Path(database)):
+    if url.query.get("mode") == "ro" or _read_only_file(Path(database)):
+        if not Path(database).is_file():
+            raise StoreError(f"the read-only store {display_url(given)} does not exist", spoolable=False)
         return _read_only_sqlite_engine(Path(database))
     try:
         _create_owner_only(database)
@@ -486,8 +489,8 @@ _READ_ONLY_ENGINES: weakref.WeakSet[sa.Engine] = weakref.WeakSet()
 
 
 def _read_only_file(path: Path) -> bool:
-    """A store file that exists where this process cannot write (read-only media, a colleague's copy):
-    it can be read, never written, migrated or given its WAL's -shm file."""
+    """A store file that exists where this process cannot write (read-only media, a colleague's copy), or
+    one named `sqlite:///PATH?mode=ro`: it can be read, never written, migrated or given its WAL's -shm."""
     import os
 
     return path.is_file() and not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK))
@@ -690,7 +693,7 @@ class Store:
                     )
                 )
                 applied.append(migration.version)
-            if up_to is None or up_to >= SCHEMA_VERSION:
+            if up_to is None:
                 tables.additions.create(conn, checkfirst=True)
                 done = _applied_additions(conn)
                 for addition in ADDITIONS:

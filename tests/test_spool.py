@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from deploykit.spool import pending
-from deploykit.store import ResultRecord, open_store
 from deploykit.canary.runner import Canary, CanaryConfig
 from deploykit.profile.schema import SmokeCase
+from deploykit.spool import pending
+from deploykit.store import ResultRecord, open_store
 from tests.canary.test_canary import GOOD, WRONG, Clock, Script
 from tests.e2e.serve_helpers import fresh_pg_url
 from tests.http_server import serving
@@ -116,7 +116,10 @@ def test_a_canary_started_against_a_closed_port_keeps_every_row(
     warnings: list[str] = []
     clock = Clock()
     config = CanaryConfig(
-        url="http://127.0.0.1:1", served_name="tiny", cases=[SmokeCase(kind="completion")], store_url=store_url
+        url="http://127.0.0.1:1",
+        served_name="tiny",
+        cases=[SmokeCase(kind="completion")],
+        store_url=store_url,
     )
     canary = Canary(config, clock=clock, runner=Script(GOOD, GOOD, WRONG, WRONG, GOOD, GOOD))
     canary.on_warning = warnings.append
