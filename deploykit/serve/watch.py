@@ -333,7 +333,7 @@ def _relaunch(previous: Attempt, number: int, ui: ConsoleUI, gate: SignalGate) -
     assert previous.server is not None
     attempt = Attempt(
         options=previous.options,
-        stage="launch",
+        stage=Stage.LAUNCH.value,
         loaded=previous.loaded,
         plan=previous.plan,
         argv=previous.argv,

@@ -114,3 +114,27 @@ def test_sigterm_with_vllm_running_stores_one_interrupted_row_and_stops_it(
     assert row.plan is not None
     port = int(argv_value(row.plan["argv"], "--port", "0"))
     assert not port_in_use(port, "127.0.0.1"), "the trace's vLLM outlived it"
+
+
+def test_an_unexpected_exception_is_one_error_row_too(tmp_path: Path) -> None:
+    """`--log-dir` is a file: making the trace directory raises OSError, which used to leave no row."""
+    from deploykit import exit_codes
+    from deploykit.trace.run import TraceOptions, run_trace
+
+    store = f"sqlite:///{tmp_path / 'results.sqlite'}"
+    not_a_dir = tmp_path / "a-file"
+    not_a_dir.write_text("")
+    said: list[str] = []
+    profile = write_profile(tmp_path, "oserror", tmp_path / "no-model")
+    code, report = run_trace(
+        TraceOptions(profile=str(profile), store_url=store, log_dir=not_a_dir), said.append
+    )
+    assert (code, report) == (exit_codes.FAILED, None)
+    opened = open_store(store)
+    try:
+        (row,) = opened.recent(limit=10)
+    finally:
+        opened.close()
+    assert (row.verdict, row.stage) == ("error", "secrets")
+    assert row.diagnosis.startswith("NotADirectoryError") or row.diagnosis.startswith("FileExistsError")
+    assert sum(line.startswith("verdict: ERROR (secrets)") for line in said) == 1
