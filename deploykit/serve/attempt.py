@@ -45,11 +45,14 @@ if TYPE_CHECKING:
 
 def run_serve(options: ServeOptions, ui: ConsoleUI | None = None) -> int:
     """One whole attempt; returns the process exit code. Stores exactly one row whatever happens."""
-    from deploykit.store import open_store
+    import socket
+
+    from deploykit.store import check_fits, open_store
 
     ui = ui or ConsoleUI(options.quiet)
     store = open_store(options.store_url)  # fails fast, before a model loads
     try:
+        check_fits(store, hostname=socket.gethostname())  # what the row holds, before any work
         return _run_attempt(options, ui, store)
     finally:
         store.close()

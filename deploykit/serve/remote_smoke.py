@@ -106,9 +106,11 @@ def run_remote_smoke(options: SmokeOptions, ui: ConsoleUI | None = None) -> int:
 
 def check_fits(options: SmokeOptions, store: Store) -> None:
     """The row's inputs against the store's limits, before any request (deploykit.store.check_fits)."""
+    import socket
+
     from deploykit.store import check_fits as fits
 
-    fits(store, base_url=options.url, profile_name=options.profile)
+    fits(store, base_url=options.url, hostname=socket.gethostname())
 
 
 def _smoke(

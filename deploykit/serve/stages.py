@@ -76,7 +76,7 @@ class Attempt:
     fingerprint_check: FingerprintCheck | None = None
     """The key and settings the fingerprint was taken with: serving mode's canary compares with the same."""
 
-    clock: StageClock = field(init=False, repr=False)
+    clock: StageClock = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.clock = StageClock(self)
