@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
+import httpx
 import pytest
 import sqlalchemy as sa
 
@@ -25,7 +26,7 @@ from tests.canary.test_canary import GOOD, WRONG, Clock, Script
 from tests.e2e.serve_helpers import fresh_pg_url
 from tests.http_server import serving
 from tests.tcp_proxy import TcpProxy, free_loopback_port
-from tests.vllm_harness import REPO
+from tests.vllm_harness import REPO, RunningServer
 
 
 @pytest.fixture
@@ -143,3 +144,35 @@ def test_a_canary_started_against_a_closed_port_keeps_every_row(
         assert again.replayed == 0 and len(rows_in(pg_url)) == 6
     finally:
         proxy.close()
+
+
+def test_a_passing_smoke_of_a_real_vllm_whose_store_is_cut_exits_0_and_its_row_arrives(
+    pg_url: str, tiny_vllm: RunningServer
+) -> None:
+    """The issue's case: a PASS whose PostgreSQL went away while the cases ran used to warn, exit 0 and drop
+    the row. The smoke reaches the real vLLM through a second proxy whose first connection cuts the store."""
+    store_proxy = TcpProxy(target_of(pg_url)).start()
+    store_url = through(pg_url, store_proxy.port)
+    open_store(store_url).close()
+    server = httpx.URL(tiny_vllm.base_url)
+    vllm_proxy = TcpProxy((server.host, server.port or 80), on_connect=store_proxy.stop).start()
+    try:
+        smoked = deploykit(
+            "smoke", "--url", f"http://127.0.0.1:{vllm_proxy.port}", "--model", tiny_vllm.served_name,
+            "--store", store_url,
+        )  # fmt: skip
+        assert smoked.returncode == 0, smoked.stdout + smoked.stderr
+        assert "verdict: PASS" in smoked.stdout
+        said = [line for line in smoked.stderr.splitlines() if line.strip()]
+        assert len(said) == 1 and "spooled in" in said[0] and "lost" not in said[0], said
+        assert rows_in(pg_url) == [] and len(pending(store_url)) == 1
+
+        store_proxy.start()
+        store = open_store(store_url)
+        store.close()
+        assert store.replayed == 1 and pending(store_url) == []
+        (row,) = rows_in(pg_url)
+        assert (row.command, row.verdict, row.stage) == ("smoke", "pass", "done")
+    finally:
+        vllm_proxy.close()
+        store_proxy.close()
