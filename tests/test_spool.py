@@ -176,3 +176,22 @@ def test_a_passing_smoke_of_a_real_vllm_whose_store_is_cut_exits_0_and_its_row_a
     finally:
         vllm_proxy.close()
         store_proxy.close()
+
+
+_REPLAYER = "import sys; from deploykit.store import open_store; s = open_store(sys.argv[1]); s.close()"
+
+
+def test_two_processes_replaying_one_spool_at_once_write_each_row_once(pg_url: str) -> None:
+    from deploykit.spool import keep
+
+    records = [ResultRecord(command="canary", verdict="pass", stage="heartbeat") for _ in range(20)]
+    for record in records:
+        keep(record, pg_url)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-c", _REPLAYER, pg_url]
+    replayers = [subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for process in replayers:
+        _, err = process.communicate(timeout=300)
+        assert process.returncode == 0, err
+    stored = [r.row_uuid for r in rows_in(pg_url)]
+    assert sorted(stored) == sorted(r.row_uuid for r in records) and pending(pg_url) == []
