@@ -57,6 +57,7 @@ class ResultRecord(BaseModel):
     id: int | None = None
     row_uuid: str | None = Field(
         default_factory=lambda: uuid.uuid4().hex,
+        pattern=r"^[0-9a-f]{32}$",  # also a spool file's name: nothing else may reach a path
         description="this attempt's own id, unique in the store: a spooled row replayed twice is written "
         "once (None: a row an older deploykit wrote)",
     )
