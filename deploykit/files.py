@@ -23,8 +23,10 @@ import errno
 import hashlib
 import json
 import os
+import re
 import secrets
 import stat
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -169,10 +171,56 @@ def write_set(out_dir: Path, files: Sequence[OutFile], *, force: bool = False) -
             os.close(fd)
 
 
+_OWN_DEBRIS = re.compile(rf"^{re.escape(_TEMP_PREFIX)}(?:(\d+)-)?[0-9a-f]{{12}}$")
+_OLD_DEBRIS_S = 600.0  # a temporary directory of a release that did not name its process: this old is left
+
+
+def _clean_debris(out_fd: int) -> None:
+    """Remove what an earlier render killed mid-write left in `out_dir`: its temporary directory
+    (`.deploykit-writing-PID-HEX`, PID no longer running; one of an older release once it is 10 minutes
+    old). Only plain files inside are removed, never through a link; another render's live one is left."""
+    for name in os.listdir(out_fd):
+        found = _OWN_DEBRIS.match(name)
+        if found is None:
+            continue
+        try:
+            info = os.stat(name, dir_fd=out_fd, follow_symlinks=False)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(info.st_mode):
+            continue
+        if found.group(1) is not None:
+            if _running(int(found.group(1))):
+                continue
+        elif time.time() - info.st_mtime < _OLD_DEBRIS_S:
+            continue
+        with contextlib.suppress(OSError):
+            debris_fd = os.open(name, _DIR_FLAGS, dir_fd=out_fd)
+            try:
+                for leftover in os.listdir(debris_fd):
+                    with contextlib.suppress(OSError):
+                        os.unlink(leftover, dir_fd=debris_fd)
+            finally:
+                os.close(debris_fd)
+            os.rmdir(name, dir_fd=out_fd)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return pid != 0
+
+
 def _write_all(out_fd: int, plan: list[tuple[OutFile, int, str, Path]], manifest: dict[str, str]) -> None:
     """Every file into a temporary directory in `out_dir` (same file system), fsynced; then each renamed
-    into place, the manifest last. Any failure before the renames leaves every target as it was."""
-    temp_name = f"{_TEMP_PREFIX}{secrets.token_hex(6)}"
+    into place, the manifest last. Any failure before the renames leaves every target as it was. The
+    directory's name carries this process's id: a later render removes it if this one is killed."""
+    _clean_debris(out_fd)
+    temp_name = f"{_TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(6)}"
     os.mkdir(temp_name, 0o700, dir_fd=out_fd)
     temp_fd = os.open(temp_name, _DIR_FLAGS, dir_fd=out_fd)
     staged: list[str] = []

@@ -17,11 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from deploykit.baseline_judge import CASE_NAME as CASE_NAME
+from deploykit.baseline_judge import judge_against as judge_against
 from deploykit.smoke.fingerprint import (
     PROBE_SET_VERSION,
     Comparison,
     Fingerprint,
-    compare,
     normalise_dtype,
 )
 from deploykit.smoke.models import CaseResult, SmokeReport
@@ -29,9 +30,7 @@ from deploykit.smoke.models import CaseResult, SmokeReport
 if TYPE_CHECKING:
     from deploykit.plan import Plan
     from deploykit.profile.schema import LoadedProfile, Profile
-    from deploykit.store import Baseline, Store
 
-CASE_NAME = "fingerprint"
 _SAMPLE_BYTES = 64 * 1024
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 
@@ -136,73 +135,6 @@ class FingerprintCheck:
         return key_digest(self.key_parts)
 
 
-def _describe_baseline(baseline: Baseline) -> str:
-    when = baseline.created_at.strftime("%Y-%m-%d %H:%M:%S UTC")
-    status = (
-        f"pinned by {baseline.confirmed_by}"
-        if baseline.pinned
-        else f"confirmed by {baseline.confirmed_by}"
-        if baseline.confirmed_by
-        else "provisional: no other host has agreed yet"
-    )
-    row = f"row #{baseline.result_id} from host {baseline.hostname}"
-    return f"baseline #{baseline.id}: {row} at {when}, {status}"
-
-
-def judge_against(
-    fingerprint: Fingerprint, baseline: Baseline | None, store: Store | None, hostname: str
-) -> Comparison:
-    """The verdict of `fingerprint` against `baseline` (the key's active one), and for a provisional baseline
-    from another host that disagrees, against the disputed candidates since: the third decides."""
-    if baseline is None or baseline.fingerprint is None:
-        return Comparison(verdict="new", diagnosis="no baseline for this key yet: a passing run becomes it")
-    reference = baseline.fingerprint
-    tolerance = max(reference.tolerance, fingerprint.tolerance)
-    found = dict(
-        baseline_id=baseline.id,
-        baseline_row=baseline.result_id,
-        baseline_host=baseline.hostname,
-        baseline_at=baseline.created_at.isoformat(),
-        baseline_confirmed=bool(baseline.confirmed_by or baseline.pinned),
-    )
-    mismatch, ties = compare(reference.answers, fingerprint.answers, tolerance)
-    if mismatch is None:
-        skipped = f" ({ties} near-tie position(s) not counted)" if ties else ""
-        return Comparison(
-            verdict="match", diagnosis=f"matches {_describe_baseline(baseline)}{skipped}", **found
-        )
-    where = mismatch.describe(tolerance)
-    trusted = baseline.confirmed_by is not None or baseline.pinned or baseline.hostname == hostname
-    if trusted:
-        return Comparison(
-            verdict="mismatch",
-            diagnosis=f"the fingerprint differs from {_describe_baseline(baseline)}: {where}; this "
-            f"deployment computes different answers than a healthy one of the same key (host {hostname})",
-            **found,
-        )
-    for candidate in store.disputed(baseline.key, baseline.result_id) if store is not None else []:
-        theirs = candidate.fingerprint
-        if candidate.hostname in (hostname, baseline.hostname) or theirs is None or candidate.id is None:
-            continue
-        if compare(theirs.answers, fingerprint.answers, max(tolerance, theirs.tolerance))[0] is None:
-            return Comparison(
-                verdict="decides",
-                diagnosis=f"agrees with row #{candidate.id} from host {candidate.hostname}, not with "
-                f"{_describe_baseline(baseline)} ({where}): two hosts against one, so row #{candidate.id} "
-                f"becomes the baseline and host {baseline.hostname} is the odd one out",
-                agrees_with_row=candidate.id,
-                **found,
-            )
-    return Comparison(
-        verdict="disputed",
-        diagnosis=f"the fingerprint differs from {_describe_baseline(baseline)}: {where}; with no confirmed "
-        f"baseline either this host ({hostname}) or {baseline.hostname} is wrong, and deploykit picks "
-        "neither: a third replica of the same key decides, or an operator runs "
-        "`deploykit results baseline pin ROW`",
-        **found,
-    )
-
-
 def fingerprint_case(
     check: FingerprintCheck,
     base_url: str,
@@ -288,10 +220,12 @@ def check_for_server(
     facts_file: str | None = None,
     fixes_active: Mapping[str, str] | None = None,
     ask_fixes: bool = True,
+    plan: Plan | None = None,
 ) -> FingerprintCheck | None:
     """The key of a server this process did not start (`deploykit smoke --url`, `deploykit canary`): the
     profile's plan on this machine's probe (or a saved one, `facts_file`) and the fixes the server reports.
-    None when no plan can be made here (no NVML for a GPU profile, a plan with errors): nothing to key by."""
+    None when no plan can be made here (no NVML for a GPU profile, a plan with errors): nothing to key by.
+    `plan`: the one the caller made already (`smoke --url` plans once)."""
     from deploykit.errors import DeploykitError
     from deploykit.plan import make_plan
     from deploykit.probe.load import load_facts, probe
@@ -300,8 +234,9 @@ def check_for_server(
     if not settings.enabled:
         return None
     try:
-        facts = load_facts(facts_file) if facts_file else probe()
-        plan = make_plan(loaded, facts)
+        if plan is None:
+            facts = load_facts(facts_file) if facts_file else probe()
+            plan = make_plan(loaded, facts)
     except (DeploykitError, OSError, ImportError):  # e.g. the vLLM image's test pod: no NVML binding
         return None
     if plan.errors or (loaded.profile.platform != "cpu" and not plan.facts.gpus):

@@ -28,6 +28,7 @@ APP_NAME = "deploykit"
 PROFILE_DIR_ENV_VAR = "DEPLOYKIT_PROFILE_DIR"
 MODEL_CACHE_ENV_VAR = "DEPLOYKIT_MODEL_CACHE"
 STORE_ENV_VAR = "DEPLOYKIT_STORE"
+SPOOL_DIR_ENV_VAR = "DEPLOYKIT_SPOOL_DIR"  # rows kept while their store is away (deploykit.spool)
 CACHE_DIR_ENV_VAR = "DEPLOYKIT_CACHE_DIR"  # deploykit's cache root (the vLLM option tables)
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -84,6 +85,14 @@ def vllm_options_cache_dir() -> Path:
 def default_log_dir() -> Path:
     """Where `deploykit serve` writes vLLM's log unless told otherwise."""
     return _user_dir("log", None, "", what="the default log directory", instead="pass --log-dir")
+
+
+def default_spool_root() -> Path:
+    """Where rows for a store that is away are kept when not beside it (a PostgreSQL store; a SQLite store
+    whose directory cannot be written): DEPLOYKIT_SPOOL_DIR, else spool/ in the user data directory."""
+    return _user_dir(
+        "data", SPOOL_DIR_ENV_VAR, "spool", what="the spool of rows for an unreachable results store"
+    )
 
 
 def default_store_url() -> str:

@@ -16,7 +16,9 @@ from __future__ import annotations
 import functools
 import json
 import socket
-from collections.abc import Callable, Iterator
+import uuid
+import weakref
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -43,6 +45,7 @@ Verdict = Literal["pass", "fail", "error", "interrupted", "unreadable"]
 Command = Literal["serve", "smoke", "canary", "trace", "unknown"]
 """`unknown` is never written: an unreadable row whose command this deploykit does not know."""
 UNREADABLE: Verdict = "unreadable"
+_PG_CONNECT_TIMEOUT_S = 10  # a store host that does not answer ends in a spooled row, not a hang
 _ROW_ID_MAX = 2**63 - 1  # SQLite INTEGER and PostgreSQL BIGINT: no row has a larger id
 
 
@@ -52,6 +55,12 @@ class ResultRecord(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     id: int | None = None
+    row_uuid: str | None = Field(
+        default_factory=lambda: uuid.uuid4().hex,
+        pattern=r"^[0-9a-f]{32}$",  # also a spool file's name: nothing else may reach a path
+        description="this attempt's own id, unique in the store: a spooled row replayed twice is written "
+        "once (None: a row an older deploykit wrote)",
+    )
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
     command: Command = "serve"
     hostname: str = Field(default_factory=socket.gethostname)
@@ -94,7 +103,12 @@ class ResultRecord(BaseModel):
 
 
 class StoreError(errors.StoreError, RuntimeError):
-    pass
+    """`spoolable`: the row may yet be written to this store (it is away, full, locked): keep it in the
+    spool (deploykit.spool). False where it never will be (no SQLAlchemy, not a URL, an in-memory store)."""
+
+    def __init__(self, message: str, *, spoolable: bool = True) -> None:
+        super().__init__(message)
+        self.spoolable = spoolable
 
 
 SUPPORTED = "SQLite (sqlite:///PATH, or a bare file path) or PostgreSQL (postgresql://USER@HOST/DB)"
@@ -109,7 +123,7 @@ def require_sqlalchemy() -> None:
         import sqlalchemy  # noqa: F401
     except ImportError:
         raise StoreError(
-            errors.missing_package_message("sqlalchemy", "the results store", NO_STORE)
+            errors.missing_package_message("sqlalchemy", "the results store", NO_STORE), spoolable=False
         ) from None
 
 
@@ -118,7 +132,8 @@ def check_store_url(url: str) -> None:
     if not url.strip():
         raise StoreError(
             f"--store {url!r} names no store: give {SUPPORTED}, or leave --store out for the default "
-            f"(${STORE_ENV_VAR}, else SQLite in the user data directory)"
+            f"(${STORE_ENV_VAR}, else SQLite in the user data directory)",
+            spoolable=False,
         )
 
 
@@ -139,7 +154,8 @@ def _parse_url(url: str) -> sa.URL:
         return sa.engine.make_url(normalise_url(url))
     except (sa.exc.ArgumentError, ValueError) as exc:
         raise StoreError(
-            f"the store URL {display_url(url)} is not a URL ({redact_urls_in(str(exc))}); use {SUPPORTED}"
+            f"the store URL {display_url(url)} is not a URL ({redact_urls_in(str(exc))}); use {SUPPORTED}",
+            spoolable=False,
         ) from None
 
 
@@ -154,6 +170,31 @@ def _one_line(error: BaseException | None) -> str:
     return redact_urls_in(" ".join(str(error).split())) or type(error).__name__
 
 
+_FULL_BELOW_BYTES = 1 << 20
+
+
+def _disk_full(url: str, error: BaseException | None) -> str:
+    """SQLite's answer on a full disk ("database or disk is full", or "disk I/O error" when the WAL cannot
+    grow) as what it is: the disk holding the store is full. Empty when that is not the cause."""
+    import shutil
+
+    text = str(error)
+    if "disk is full" not in text and "disk I/O error" not in text:
+        return ""
+    try:
+        path = Path(_parse_url(url).database or "")
+        free = shutil.disk_usage(path.parent if path.parent.exists() else Path.cwd()).free
+    except (StoreError, OSError):
+        return ""
+    if "disk is full" not in text and free >= _FULL_BELOW_BYTES:
+        return ""
+    limit = "" if free < _FULL_BELOW_BYTES else ", or the store file may grow no further (a size limit)"
+    return (
+        f"the disk holding {path.parent} is full ({free // 1024} KiB free there{limit}): free space, or "
+        f"point --store (${STORE_ENV_VAR}) at another disk"
+    )
+
+
 @contextmanager
 def store_errors(url: str, doing: str) -> Iterator[None]:
     """SQLAlchemy and driver errors while `doing` something with the store at `url`, as one StoreError."""
@@ -164,6 +205,9 @@ def store_errors(url: str, doing: str) -> Iterator[None]:
     except StoreError:
         raise
     except sa.exc.DBAPIError as exc:
+        full = _disk_full(url, exc.orig)
+        if full:
+            raise StoreError(f"cannot {doing} the results store {display_url(url)}: {full}") from None
         raise StoreError(
             f"cannot {doing} the results store {display_url(url)}: {_one_line(exc.orig)}; "
             f"check the store (--store or ${STORE_ENV_VAR}) or point it at a new {SUPPORTED}"
@@ -176,13 +220,19 @@ def store_errors(url: str, doing: str) -> Iterator[None]:
 
 
 def _results_table(metadata: sa.MetaData, *, schema_version: int | None = None) -> sa.Table:
-    """The results table as of `schema_version` (default: the newest); migrations build on older shapes."""
+    """The results table as of `schema_version` (default: the newest, with every addition); migrations
+    build on older shapes."""
     import sqlalchemy as sa
 
+    newest = schema_version is None
     version = SCHEMA_VERSION if schema_version is None else schema_version
     added_later = [sa.Column("fixes_active", sa.JSON)] if version >= 3 else []
     if version >= 4:
         added_later += [sa.Column("fingerprint", sa.JSON), sa.Column("fingerprint_key", sa.String(64))]
+    if newest:  # the additions (ADDITIONS): nullable, so the previous release's inserts still fit
+        added_later += [sa.Column("row_uuid", sa.String(32))]
+    # The inputs a person chooses (a profile's name, a URL) have no length limit: TEXT since addition 2.
+    input_type: Callable[[int], Any] = (lambda _n: sa.Text) if newest else sa.String
     return sa.Table(
         "results",
         metadata,
@@ -190,12 +240,12 @@ def _results_table(metadata: sa.MetaData, *, schema_version: int | None = None) 
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("command", sa.String(16), nullable=False),
         sa.Column("hostname", sa.String(255), nullable=False),
-        sa.Column("profile_name", sa.String(200)),
+        sa.Column("profile_name", input_type(200)),
         sa.Column("profile_id", sa.String(64)),
         sa.Column("verdict", sa.String(16), nullable=False),
         sa.Column("stage", sa.String(32), nullable=False),
         sa.Column("diagnosis", sa.Text, nullable=False),
-        sa.Column("base_url", sa.String(500)),
+        sa.Column("base_url", input_type(500)),
         sa.Column("facts", sa.JSON),
         sa.Column("plan", sa.JSON),
         sa.Column("versions", sa.JSON, nullable=False),
@@ -233,6 +283,7 @@ class _Tables(NamedTuple):
     results: sa.Table
     migrations: sa.Table
     baselines: sa.Table
+    additions: sa.Table
 
 
 @functools.cache
@@ -248,8 +299,18 @@ def _tables() -> _Tables:
         sa.Column("description", sa.String(200), nullable=False),
         sa.Column("applied_at", sa.DateTime(timezone=True), nullable=False),
     )
+    additions = sa.Table(
+        "schema_additions",
+        metadata,
+        sa.Column("number", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("description", sa.String(200), nullable=False),
+        sa.Column("applied_at", sa.DateTime(timezone=True), nullable=False),
+    )
     return _Tables(
-        results=_results_table(metadata), migrations=migrations, baselines=_baselines_table(metadata)
+        results=_results_table(metadata),
+        migrations=migrations,
+        baselines=_baselines_table(metadata),
+        additions=additions,
     )
 
 
@@ -319,6 +380,62 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "fingerprints with each row, and the baselines of their keys", _add_fingerprints),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
+"""The store's compatibility line (`schema_migrations`). A release refuses a store whose line is newer than
+its own, so a number here is added only for a breaking change: one the previous release could not read or
+write. Everything additive is an ADDITION instead (docs/serve.md, "Upgrading a fleet")."""
+
+
+def _add_row_uuid(conn: sa.Connection) -> None:
+    """Each attempt's own id, unique: replaying a spooled row twice writes it once. Rows written before
+    (and by the previous release, which does not know the column) have NULL, which a unique index allows
+    any number of times."""
+    import sqlalchemy as sa
+
+    key_type = sa.String(32).compile(dialect=conn.dialect)
+    conn.exec_driver_sql(f"ALTER TABLE results ADD COLUMN row_uuid {key_type}")
+    conn.exec_driver_sql("CREATE UNIQUE INDEX ux_results_row_uuid ON results (row_uuid)")
+
+
+def _widen_inputs(conn: sa.Connection) -> None:
+    """profile_name and base_url as TEXT: a profile's name and a URL have no length limit, so a row is
+    never refused for one after the work is done. PostgreSQL only (SQLite never enforced the lengths);
+    VARCHAR to TEXT rewrites nothing."""
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql(
+            "ALTER TABLE results ALTER COLUMN profile_name TYPE TEXT, ALTER COLUMN base_url TYPE TEXT"
+        )
+
+
+def _scrub_base_url_passwords(conn: sa.Connection) -> None:
+    """Passwords older deploykits wrote into base_url (before the redactor) removed from the database,
+    not only hidden when read."""
+    import sqlalchemy as sa
+
+    results = _results_table(sa.MetaData(), schema_version=1)
+    pattern = sa.or_(results.c.base_url.like("%@%"), sa.func.lower(results.c.base_url).like("%password%"))
+    rows = conn.execute(sa.select(results.c.id, results.c.base_url).where(pattern)).all()
+    for row_id, url in rows:
+        scrubbed = redact_url(url)
+        if scrubbed != url:
+            conn.execute(sa.update(results).where(results.c.id == row_id).values(base_url=scrubbed))
+
+
+@dataclass(frozen=True)
+class Addition:
+    """A change the previous release reads and writes through unharmed: a nullable column, a table, an
+    index, a wider type, a data fix. Recorded in `schema_additions`, never in `schema_migrations`, so the
+    compatibility line (SCHEMA_VERSION) does not move and no host of a rolling upgrade is locked out."""
+
+    number: int
+    description: str
+    apply: Callable[[sa.Connection], None]
+
+
+ADDITIONS: tuple[Addition, ...] = (
+    Addition(1, "row_uuid: each attempt's own id, unique (a replayed row is written once)", _add_row_uuid),
+    Addition(2, "profile_name and base_url as TEXT", _widen_inputs),
+    Addition(3, "passwords older versions kept in base_url scrubbed", _scrub_base_url_passwords),
+)
 
 
 def _create_owner_only(database: str) -> None:
@@ -336,8 +453,13 @@ def _sqlite_engine(url: sa.URL, given: str) -> sa.Engine:
     if database == "" or ":memory:" in database or url.query.get("mode") == "memory":
         raise StoreError(
             f"the store {display_url(given)} is an in-memory SQLite database: its rows vanish when "
-            "deploykit exits; give a file, sqlite:///PATH, or pass --no-store (smoke, canary) to keep none"
+            "deploykit exits; give a file, sqlite:///PATH, or pass --no-store (smoke, canary) to keep none",
+            spoolable=False,
         )
+    if url.query.get("mode") == "ro" or _read_only_file(Path(database)):
+        if not Path(database).is_file():
+            raise StoreError(f"the read-only store {display_url(given)} does not exist", spoolable=False)
+        return _read_only_sqlite_engine(Path(database))
     try:
         _create_owner_only(database)
     except OSError as exc:
@@ -364,6 +486,38 @@ def _sqlite_engine(url: sa.URL, given: str) -> sa.Engine:
     return engine
 
 
+_READ_ONLY_ENGINES: weakref.WeakSet[sa.Engine] = weakref.WeakSet()
+
+
+def _read_only_file(path: Path) -> bool:
+    """A store file that exists where this process cannot write (read-only media, a colleague's copy), or
+    one named `sqlite:///PATH?mode=ro`: it can be read, never written, migrated or given its WAL's -shm."""
+    import os
+
+    return path.is_file() and not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK))
+
+
+def _read_only_sqlite_engine(path: Path) -> sa.Engine:
+    """`immutable=1`: SQLite reads the file as it is, without the -shm a WAL database needs and cannot
+    create on read-only media (a -wal file left beside it is not read: only a checkpointed store shows
+    all its rows)."""
+    import sqlite3
+    from urllib.parse import quote
+
+    import sqlalchemy as sa
+
+    uri = f"file:{quote(str(path))}?mode=ro&immutable=1"
+
+    def connect() -> sqlite3.Connection:
+        connection = sqlite3.connect(uri, uri=True, timeout=60, check_same_thread=False)
+        connection.isolation_level = None
+        return connection
+
+    engine = sa.create_engine("sqlite://", creator=connect)
+    _READ_ONLY_ENGINES.add(engine)
+    return engine
+
+
 def create_store_engine(url: str) -> sa.Engine:
     parsed = _parse_url(url)  # a StoreError naming SQLAlchemy when it is not installed
     import sqlalchemy as sa
@@ -373,25 +527,118 @@ def create_store_engine(url: str) -> sa.Engine:
         return _sqlite_engine(parsed, url)
     if backend == "postgresql":
         try:
-            return sa.create_engine(parsed, pool_pre_ping=True)
+            timeout = {} if "connect_timeout" in parsed.query else {"connect_timeout": _PG_CONNECT_TIMEOUT_S}
+            return sa.create_engine(parsed, pool_pre_ping=True, connect_args=timeout)
         except ImportError as exc:
             raise StoreError(
                 f"the store {display_url(url)} needs the PostgreSQL driver psycopg, which is not installed "
                 f"({exc}): {POSTGRES_EXTRA}"
             ) from None
-    raise StoreError(f"unsupported store URL {display_url(url)} ({backend}): deploykit stores in {SUPPORTED}")
+    raise StoreError(
+        f"unsupported store URL {display_url(url)} ({backend}): deploykit stores in {SUPPORTED}",
+        spoolable=False,
+    )
+
+
+def validated_row(record: ResultRecord) -> dict[str, Any]:
+    """The row as inserted, checked first: it reads back as this record (a value the reader would call
+    unreadable is refused now, naming its field) and every value fits its column (on every back-end, so a
+    row SQLite keeps would fit PostgreSQL too)."""
+    row = record.model_dump(mode="json", exclude={"id"})
+    try:
+        ResultRecord.model_validate({**row, "created_at": record.created_at})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "the row"
+        raise StoreError(
+            f"the row would not read back ({where}: {first['msg']}); it is not written: a deploykit bug, "
+            "please report it",
+            spoolable=False,
+        ) from None
+    row["created_at"] = record.created_at
+    row["fingerprint_key"] = record.fingerprint.key if record.fingerprint is not None else None
+    for name, limit in column_limits().items():
+        value = row.get(name)
+        if isinstance(value, str) and len(value) > limit:
+            raise StoreError(
+                f"{name} is {len(value)} characters; the results store holds at most {limit}",
+                spoolable=False,
+            )
+    return row
+
+
+@functools.cache
+def column_limits() -> dict[str, int]:
+    """The results columns with a length limit, and the limit (the inputs a person chooses have none)."""
+    import sqlalchemy as sa
+
+    return {
+        column.name: int(column.type.length)
+        for column in _tables().results.columns
+        if isinstance(column.type, sa.String) and not isinstance(column.type, sa.Text) and column.type.length
+    }
+
+
+def check_fits(store: Store | None = None, **values: str | None) -> None:
+    """Values a row will hold, checked against the store's limits before any work: one line naming the
+    field and the limit (a `UsageError`), not a row refused once the work is done."""
+    del store  # the limits are the schema's, the same on every back-end
+    limits = column_limits()
+    for name, value in values.items():
+        limit = limits.get(name)
+        if value is not None and limit is not None and len(value) > limit:
+            raise errors.UsageError(
+                f"{name} is {len(value)} characters; the results store holds at most {limit}: shorten it"
+            )
+
+
+def _recheck_new(conn: sa.Connection, record: ResultRecord, fingerprint: Fingerprint) -> None:
+    """A fingerprint compared while its key had no baseline (`new`), written after another host's run made
+    one: compared again with that baseline, under the key's lock, before the row is written; the row's
+    verdict follows (two replicas that compared at once are never both `new`)."""
+    comparison = fingerprint.comparison
+    if comparison is None or comparison.verdict != "new":
+        return
+    active = _active(conn, fingerprint.key)
+    if active is None:
+        return
+    import sqlalchemy as sa
+
+    from deploykit.baseline_judge import CASE_NAME, judge_against
+
+    results = _tables().results
+    cell = conn.execute(
+        sa.select(sa.type_coerce(results.c.fingerprint, sa.Text)).where(results.c.id == active["result_id"])
+    ).scalar()
+    baseline = _baseline({**active, "fingerprint": cell})
+    fingerprint.comparison = again = judge_against(fingerprint, baseline, None, record.hostname)
+    agrees = again.verdict in ("new", "match", "decides", "unchecked")
+    for case in record.cases:
+        if case.name == CASE_NAME:
+            case.passed = case.passed and agrees
+            case.diagnosis = "" if agrees else again.diagnosis
+            case.text = again.diagnosis[:200] if agrees else case.text
+    if not agrees and record.verdict == "pass":
+        record.verdict, record.diagnosis = "fail", f"{CASE_NAME}: {again.diagnosis}"
 
 
 class Store:
-    """Open with `open_store(url)`; the schema is current once it returns."""
+    """Open with `open_store(url)`; the schema is current once it returns (a read-only store is read as it
+    is). `replayed`: spooled rows this process wrote when it opened the store (deploykit.spool)."""
 
     def __init__(self, engine: sa.Engine, url: str) -> None:
         self.engine = engine
         self.url = url
+        self.replayed = 0
+        self._columns: frozenset[str] | None = None
 
     @property
     def display_url(self) -> str:
         return display_url(self.url)
+
+    @property
+    def read_only(self) -> bool:
+        return self.engine in _READ_ONLY_ENGINES
 
     def close(self) -> None:
         self.engine.dispose()
@@ -400,54 +647,119 @@ class Store:
         with self.engine.connect() as conn:
             return _applied_version(conn)
 
-    def migrate(self, up_to: int | None = None) -> list[int]:
-        """Apply the missing migrations (all, or up to `up_to`); returns the versions applied now."""
+    def additions(self) -> list[int]:
+        """The additions applied to this store (ADDITIONS; a newer deploykit's among them)."""
+        with self.engine.connect() as conn:
+            return sorted(_applied_additions(conn))
+
+    def check_readable(self) -> None:
+        """A store this deploykit cannot read (a breaking schema line newer than its own) is refused."""
+        with self.engine.connect() as conn:
+            _refuse_newer(_applied_version(conn), self.display_url)
+
+    def columns(self) -> frozenset[str]:
+        """The results table's columns in this store: a reader selects only these (an old store opened
+        read-only, unmigrated, lacks the newest)."""
         import sqlalchemy as sa
 
-        migrations_table = _tables().migrations
+        if self._columns is None:
+            with self.engine.connect() as conn:
+                inspector = sa.inspect(conn)
+                found = inspector.get_columns("results") if inspector.has_table("results") else []
+            self._columns = frozenset(str(column["name"]) for column in found)
+        return self._columns
+
+    def migrate(self, up_to: int | None = None) -> list[int]:
+        """Apply the missing migrations (all, or up to `up_to`) and then the missing additions; returns the
+        migration versions applied now."""
+        import sqlalchemy as sa
+
+        tables = _tables()
         applied: list[int] = []
         with self.engine.begin() as conn:
             if conn.dialect.name == "postgresql":
                 conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_PG_MIGRATION_LOCK)))
-            migrations_table.create(conn, checkfirst=True)
+            tables.migrations.create(conn, checkfirst=True)
             current = _applied_version(conn)
-            if current > SCHEMA_VERSION:
-                raise StoreError(
-                    f"the store at {self.display_url} has schema version {current}, newer than this "
-                    f"deploykit knows ({SCHEMA_VERSION}); upgrade deploykit"
-                )
+            _refuse_newer(current, self.display_url)
             for migration in MIGRATIONS:
                 if migration.version <= current or (up_to is not None and migration.version > up_to):
                     continue
                 migration.apply(conn)
                 conn.execute(
-                    sa.insert(migrations_table).values(
+                    sa.insert(tables.migrations).values(
                         version=migration.version,
                         description=migration.description,
                         applied_at=datetime.now(UTC),
                     )
                 )
                 applied.append(migration.version)
+            if up_to is None:
+                tables.additions.create(conn, checkfirst=True)
+                done = _applied_additions(conn)
+                for addition in ADDITIONS:
+                    if addition.number in done:
+                        continue
+                    addition.apply(conn)
+                    conn.execute(
+                        sa.insert(tables.additions).values(
+                            number=addition.number,
+                            description=addition.description,
+                            applied_at=datetime.now(UTC),
+                        )
+                    )
+        self._columns = None
         return applied
 
     def add(self, record: ResultRecord) -> int:
-        """Insert one attempt; returns its id."""
+        """Insert one attempt; returns its id. A read-only store refuses (the row is spooled). A row whose
+        `row_uuid` is in the store already (a spooled row replayed twice, by two processes at once
+        included) is not written again: its id is returned."""
         import sqlalchemy as sa
 
         if record.verdict == UNREADABLE or record.command == "unknown":
             raise StoreError("an unreadable row is never written back: store the attempt itself")
+        row = validated_row(record)
+        if self.read_only:
+            raise StoreError(
+                f"the results store {self.display_url} is read-only here: its row is not written"
+            )
         results = _tables().results
-        row = record.model_dump(mode="json", exclude={"id"})
-        row["created_at"] = record.created_at
-        row["fingerprint_key"] = record.fingerprint.key if record.fingerprint is not None else None
-        with store_errors(self.url, "write to"), self.engine.begin() as conn:
-            if record.fingerprint is not None:
-                _lock_key(conn, record.fingerprint.key)
-            result = conn.execute(sa.insert(results).values(**row).returning(results.c.id))
-            row_id = int(result.scalar_one())
-            if record.fingerprint is not None and record.passed:
-                _settle_baseline(conn, record, record.fingerprint, row_id)
-            return row_id
+        try:
+            with store_errors(self.url, "write to"), self.engine.begin() as conn:
+                if record.row_uuid is not None:
+                    found = conn.execute(
+                        sa.select(results.c.id).where(results.c.row_uuid == record.row_uuid)
+                    ).scalar()
+                    if found is not None:
+                        return int(found)
+                if record.fingerprint is not None:
+                    _lock_key(conn, record.fingerprint.key)
+                    _recheck_new(conn, record, record.fingerprint)
+                    row = validated_row(record)
+                result = conn.execute(sa.insert(results).values(**row).returning(results.c.id))
+                row_id = int(result.scalar_one())
+                if record.fingerprint is not None and record.passed:
+                    _settle_baseline(conn, record, record.fingerprint, row_id)
+                return row_id
+        except StoreError:
+            if record.row_uuid is None:
+                raise
+            existing = self._id_of(record.row_uuid)  # another process wrote it meanwhile (unique index)
+            if existing is None:
+                raise
+            return existing
+
+    def _id_of(self, row_uuid: str) -> int | None:
+        import sqlalchemy as sa
+
+        results = _tables().results
+        try:
+            with self.engine.connect() as conn:
+                found = conn.execute(sa.select(results.c.id).where(results.c.row_uuid == row_uuid)).scalar()
+        except sa.exc.SQLAlchemyError:
+            return None
+        return None if found is None else int(found)
 
     # --- baselines -------------------------------------------------------------------------------------
 
@@ -478,7 +790,7 @@ class Store:
         candidates a third replica may side with."""
         results = _tables().results
         query = (
-            _raw_select()
+            _raw_select(self.columns())
             .where(results.c.fingerprint_key == key, results.c.id > since_row)
             .order_by(results.c.id.desc())
             .limit(limit)
@@ -505,12 +817,11 @@ class Store:
         with store_errors(self.url, "write to"), self.engine.begin() as conn:
             _lock_key(conn, fingerprint.key)
             _retire_active(conn, fingerprint.key, f"replaced by a pin of row #{result_id}")
-            _insert_baseline(
+            pinned_id = _insert_baseline(
                 conn, fingerprint, result_id, record.hostname, pinned=True, confirmed_by="operator", note=note
             )
-        baseline = self.active_baseline(fingerprint.key)
-        assert baseline is not None
-        return baseline
+        # This pin's own baseline, by its id: another pin of the key a moment later is its own message.
+        return next(b for b in self.baselines(key=fingerprint.key, include_retired=True) if b.id == pinned_id)
 
     def retire_baseline(self, baseline_id: int, note: str = "retired by an operator") -> Baseline:
         """Retire one baseline; the key's next healthy run becomes its new baseline."""
@@ -536,14 +847,18 @@ class Store:
             return None
         results = _tables().results
         with store_errors(self.url, "read"), self.engine.connect() as conn:
-            row = conn.execute(_raw_select().where(results.c.id == result_id)).mappings().first()
+            row = (
+                conn.execute(_raw_select(self.columns()).where(results.c.id == result_id)).mappings().first()
+            )
         return None if row is None else _record(row)
 
     def recent(self, limit: int = 20, profile: str | None = None) -> list[ResultRecord]:
         """The newest attempts first; a row this deploykit cannot read is in its place, `unreadable`."""
 
         results = _tables().results
-        query = _raw_select().order_by(results.c.id.desc()).limit(max(0, min(limit, _ROW_ID_MAX)))
+        query = (
+            _raw_select(self.columns()).order_by(results.c.id.desc()).limit(max(0, min(limit, _ROW_ID_MAX)))
+        )
         if profile is not None:
             query = query.where(results.c.profile_name == profile)
         with store_errors(self.url, "read"), self.engine.connect() as conn:
@@ -578,7 +893,7 @@ class Baseline(BaseModel):
     fingerprint: Fingerprint | None = None
 
 
-def _baseline(row: sa.RowMapping) -> Baseline:
+def _baseline(row: Mapping[str, Any] | sa.RowMapping) -> Baseline:
     data = dict(row)
     for name in ("key_parts", "fingerprint"):
         if isinstance(data.get(name), str | bytes):
@@ -626,12 +941,14 @@ def _insert_baseline(
     pinned: bool = False,
     confirmed_by: str | None = None,
     note: str = "",
-) -> None:
+) -> int:
     import sqlalchemy as sa
 
+    table = _tables().baselines
     now = datetime.now(UTC)
-    conn.execute(
-        sa.insert(_tables().baselines).values(
+    inserted = conn.execute(
+        sa.insert(table)
+        .values(
             key=fingerprint.key,
             key_parts=fingerprint.key_parts,
             result_id=result_id,
@@ -643,7 +960,9 @@ def _insert_baseline(
             confirmed_at=now if confirmed_by else None,
             note=note,
         )
+        .returning(table.c.id)
     )
+    return int(inserted.scalar_one())
 
 
 def _settle_baseline(
@@ -700,9 +1019,28 @@ def _applied_version(conn: sa.Connection) -> int:
     return int(value or 0)
 
 
-def _raw_select() -> sa.Select[Any]:
-    """Every column, with JSON and time columns as the database's text: decoding them is `_record`'s
-    job, row by row, so one cell a newer writer filled differently cannot fail the whole query."""
+def _applied_additions(conn: sa.Connection) -> set[int]:
+    import sqlalchemy as sa
+
+    additions = _tables().additions
+    if not sa.inspect(conn).has_table(additions.name):
+        return set()
+    return {int(number) for number in conn.execute(sa.select(additions.c.number)).scalars()}
+
+
+def _refuse_newer(current: int, where: str) -> None:
+    if current > SCHEMA_VERSION:
+        raise StoreError(
+            f"the store at {where} has schema version {current}, newer than this deploykit knows "
+            f"({SCHEMA_VERSION}): a breaking change; upgrade deploykit (docs/serve.md, Upgrading a fleet)",
+            spoolable=False,
+        )
+
+
+def _raw_select(present: frozenset[str] | None = None) -> sa.Select[Any]:
+    """Every column (of those `present` in the store), with JSON and time columns as the database's text:
+    decoding them is `_record`'s job, row by row, so one cell a newer writer filled differently cannot
+    fail the whole query."""
     import sqlalchemy as sa
 
     results = _tables().results
@@ -712,6 +1050,7 @@ def _raw_select() -> sa.Select[Any]:
             if isinstance(column.type, sa.JSON | sa.DateTime)
             else column
             for column in results.columns
+            if present is None or column.name in present
         )
     )
 
@@ -723,6 +1062,7 @@ def _record(row: sa.RowMapping) -> ResultRecord:
 
     data = dict(row)
     data.pop("fingerprint_key", None)
+    data.setdefault("row_uuid", None)  # a store opened read-only before addition 1
     try:
         data["created_at"] = _timestamp(data["created_at"])
         for column in _tables().results.columns:
@@ -767,8 +1107,10 @@ def _unreadable(data: dict[str, Any], exc: Exception) -> ResultRecord:
     command = data.get("command")
     known = command in ("serve", "smoke", "canary", "trace")
     profile = data.get("profile_name")
+    row_uuid = data.get("row_uuid")
     return ResultRecord(
         id=data.get("id") if isinstance(data.get("id"), int) else None,
+        row_uuid=row_uuid if isinstance(row_uuid, str) else None,
         created_at=created,
         command=command if known else "unknown",
         hostname=str(data.get("hostname") or "?"),
@@ -788,16 +1130,22 @@ def open_store(url: str | None = None, *, migrate: bool = True) -> Store:
     try:
         chosen = url or default_store_url()
     except errors.MissingPackageError as exc:  # no platformdirs: where the default store goes is unknown
-        raise StoreError(f"{exc.message}, or {NO_STORE}") from None
+        raise StoreError(f"{exc.message}, or {NO_STORE}", spoolable=False) from None
     check_store_url(chosen)
     store = Store(create_store_engine(chosen), chosen)
-    if migrate:
-        try:
-            with store_errors(chosen, "open"):
+    try:
+        with store_errors(chosen, "open"):
+            if store.read_only:
+                store.check_readable()
+            elif migrate:
                 store.migrate()
-        except StoreError:
-            store.close()
-            raise
+        if migrate and not store.read_only:
+            from deploykit.spool import replay
+
+            store.replayed = replay(store)
+    except StoreError:
+        store.close()
+        raise
     return store
 
 

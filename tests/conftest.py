@@ -37,6 +37,13 @@ os.environ.setdefault("DEPLOYKIT_MODEL_CACHE", str(REPO / ".deploykit-cache" / "
 os.environ.setdefault("DEPLOYKIT_CACHE_DIR", str(REPO / ".deploykit-cache"))
 
 
+@pytest.fixture(autouse=True)
+def _own_spool(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows spooled for an unreachable store (deploykit.spool) go to the test's own directory, never the
+    user's data directory (subprocesses inherit it)."""
+    monkeypatch.setenv("DEPLOYKIT_SPOOL_DIR", str(tmp_path_factory.mktemp("spool")))
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
     from deploykit.tinymodel import build_tiny_model

@@ -118,7 +118,7 @@ def test_an_old_store_is_migrated_and_keeps_its_rows(store_url: str) -> None:
     assert old.schema_version() == 1
     # A row as deploykit wrote it at schema version 1 (no fixes_active column yet).
     v1_table = _results_table(sa.MetaData(), schema_version=1)
-    later = {"id", "fixes_active", "fingerprint"}
+    later = {"id", "fixes_active", "fingerprint", "row_uuid"}
     row = full_record(profile="from-v1").model_dump(mode="json", exclude=later)
     row["created_at"] = datetime.now(UTC)
     with old.engine.begin() as conn:
@@ -131,7 +131,7 @@ def test_an_old_store_is_migrated_and_keeps_its_rows(store_url: str) -> None:
     assert upgraded.schema_version() == SCHEMA_VERSION
     record = upgraded.get(kept)
     assert record is not None and record.profile_name == "from-v1"
-    assert record.fixes_active is None  # stored before the server was asked
+    assert record.fixes_active is None and record.row_uuid is None  # stored before the server was asked
     new = upgraded.get(upgraded.add(full_record(profile="after")))
     assert new is not None and new.fixes_active == full_record().fixes_active
     with upgraded.engine.connect() as conn:

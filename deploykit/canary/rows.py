@@ -1,6 +1,7 @@
 """The canary's rows in the results store: one when its state changes (the first verdict included) and an
-hourly heartbeat, never one per run. They are stored by `deploykit.store_row` (a store that cannot be
-reached is a warning: the checking goes on)."""
+hourly heartbeat, never one per run. They are stored by `deploykit.store_row`: a store that cannot be
+reached is one line and the row spooled (deploykit.spool), written when the store is back; the checking
+goes on."""
 
 from __future__ import annotations
 

@@ -207,6 +207,8 @@ def results_list(
     with opened_store(store) as opened:
         records = opened.recent(limit=limit, profile=profile)
         where = opened.display_url
+        if opened.replayed:
+            typer.echo(f"deploykit: {opened.replayed} spooled row(s) written to {where} first", err=True)
     if format is TableOrJson.json:
         import json
 

@@ -16,14 +16,8 @@ from typing import TYPE_CHECKING
 from deploykit import net
 from deploykit.paths import default_log_dir
 from deploykit.serve.console import ConsoleUI, LogFollower
-from deploykit.serve.helpers import (
-    argv_value,
-    exit_code_for,
-    print_verdict,
-    redact,
-    secret_values,
-    with_port,
-)
+from deploykit.serve.driver import Stage, exit_code, finish
+from deploykit.serve.helpers import argv_value, redact, secret_values, with_port
 from deploykit.serve.options import ServeOptions as ServeOptions
 from deploykit.serve.signals import forwarded_signals
 from deploykit.serve.stages import (
@@ -43,7 +37,6 @@ from deploykit.serve.stages import (
     wait_healthy,
 )
 from deploykit.serve.watch import serve_foreground
-from deploykit.store_row import store_row
 
 if TYPE_CHECKING:
     from deploykit.smoke import SmokeReport
@@ -52,11 +45,14 @@ if TYPE_CHECKING:
 
 def run_serve(options: ServeOptions, ui: ConsoleUI | None = None) -> int:
     """One whole attempt; returns the process exit code. Stores exactly one row whatever happens."""
-    from deploykit.store import open_store
+    import socket
+
+    from deploykit.store import check_fits, open_store
 
     ui = ui or ConsoleUI(options.quiet)
     store = open_store(options.store_url)  # fails fast, before a model loads
     try:
+        check_fits(store, hostname=socket.gethostname())  # what the row holds, before any work
         return _run_attempt(options, ui, store)
     finally:
         store.close()
@@ -71,7 +67,7 @@ def _run_attempt(options: ServeOptions, ui: ConsoleUI, store: Store) -> int:
             return smoke_attempt(attempt, ui)
 
         try:
-            outcome = run_to_verdict(attempt, stages)
+            outcome = run_to_verdict(attempt, stages, gate=gate)
         finally:
             gate.armed = False
             ui.end_progress()
@@ -79,14 +75,11 @@ def _run_attempt(options: ServeOptions, ui: ConsoleUI, store: Store) -> int:
         if attempt.server is not None and not keep_serving:
             _stop(attempt, ui)
         record = attempt_record(attempt, outcome.verdict, outcome.diagnosis)
-        result_id, where = store_row(record, store, ui.warn)
-        print_verdict(record, result_id, where, ui)
+        finish(record, store, ui.say, ui.warn)
         store.close()
         if keep_serving and attempt.server is not None:
             return serve_foreground(attempt, gate, ui)
-        if gate.received is not None and outcome.verdict != "interrupted":
-            return 128 + gate.received
-        return exit_code_for(record)
+        return exit_code(record, outcome, gate)
 
 
 def _prepare_and_launch(attempt: Attempt, ui: ConsoleUI) -> None:
@@ -96,11 +89,11 @@ def _prepare_and_launch(attempt: Attempt, ui: ConsoleUI) -> None:
     attempt.loaded = load(options.profile)
     profile = attempt.loaded.profile
 
-    attempt.stage = "probe"
+    attempt.enter(Stage.PROBE)
     facts, attempt.versions = probe_machine()
     attempt.facts = facts.model_dump(mode="json")
 
-    attempt.stage = "plan"
+    attempt.enter(Stage.PLAN)
     plan = make_plan(attempt.loaded, facts, options.overrides)
     attempt.plan = plan
     attempt.secrets = secret_values(plan, os.environ)
@@ -109,25 +102,25 @@ def _prepare_and_launch(attempt: Attempt, ui: ConsoleUI) -> None:
     check_plan(plan)
     exposure = unauthenticated_exposure(profile)
     if exposure:
-        raise StageFailure("plan", f"refused: {exposure}")
+        raise StageFailure(Stage.PLAN, f"refused: {exposure}")
     for warning in plan.warnings:
         ui.warn(warning)
     host = argv_value(argv, "--host", "127.0.0.1")
     port = int(argv_value(argv, "--port", "8000"))
     attempt.base_url = net.base_url(host, port)
 
-    attempt.stage = "port"
+    attempt.enter(Stage.PORT)
     check_listen_addresses(listen_addresses(options, host, port))
 
-    attempt.stage = "secrets"
+    attempt.enter(Stage.SECRETS)
     env = launch_environment(plan, os.environ)
 
-    attempt.stage = "model"
+    attempt.enter(Stage.MODEL)
     build_started = time.monotonic()
     ensure_model(plan, profile.model.source, ui.say)
     attempt.mark("model_build_s", build_started)
 
-    attempt.stage = "launch"
+    attempt.enter(Stage.LAUNCH)
     log_dir = options.log_dir or default_log_dir()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     log_path = log_dir / f"{profile.name}-{stamp}-{os.getpid()}.log"
@@ -136,7 +129,7 @@ def _prepare_and_launch(attempt: Attempt, ui: ConsoleUI) -> None:
     ui.say(f"vLLM started: pid {attempt.server.pid} (own process group), log {log_path}")
     _prewarm_imports()
 
-    attempt.stage = "startup"
+    attempt.enter(Stage.STARTUP)
     follower = LogFollower(log_path)
 
     def echo_log() -> None:
@@ -165,7 +158,7 @@ def listen_addresses(options: ServeOptions, host: str, port: int) -> list[Listen
         try:
             canary_host, canary_port = parse_listen(options.canary_listen, "--canary-listen")
         except ValueError as exc:
-            raise StageFailure("port", str(exc)) from None
+            raise StageFailure(Stage.PORT, str(exc)) from None
         addresses.append(
             ListenAddress("the canary's /healthz", canary_host, canary_port, "pass --canary-listen HOST:PORT")
         )

@@ -95,7 +95,8 @@ def profile_issues(exc: Exception) -> str:
 
 
 def print_verdict(record: ResultRecord, result_id: int | None, where: str, ui: ConsoleUI) -> None:
-    word = {"pass": "PASS", "fail": "FAIL", "error": "ERROR", "interrupted": "INTERRUPTED"}[record.verdict]
-    ui.say(f"verdict: {word} ({record.stage}): {record.diagnosis}")
-    if result_id is not None:
-        ui.say(f"result #{result_id} stored in {where}")
+    """The verdict lines as the one driver prints them (serve/driver.py `finish`)."""
+    from deploykit.serve.driver import verdict_lines
+
+    for line in verdict_lines(record, result_id, where):
+        ui.say(line)

@@ -16,14 +16,17 @@ from pydantic import BaseModel, ConfigDict
 
 from deploykit import __version__, net
 from deploykit.serve.console import ConsoleUI
-from deploykit.serve.helpers import exit_code_for, print_verdict, redact, secret_values
+from deploykit.serve.driver import Stage, StageClock, drive, exit_code, finish
+from deploykit.serve.helpers import redact, secret_values
+from deploykit.serve.signals import forwarded_signals
 from deploykit.serve.stages import StageFailure, case_timings, check_plan, load
-from deploykit.store_row import store_row
 
 if TYPE_CHECKING:
+    from deploykit.plan import Plan
     from deploykit.profile.schema import LoadedProfile
     from deploykit.smoke import SmokeReport
     from deploykit.smoke.fingerprint import Fingerprint
+    from deploykit.store import ResultRecord, Store, Verdict
 
 
 class SmokeOptions(BaseModel):
@@ -42,8 +45,9 @@ class SmokeOptions(BaseModel):
     """A saved probe of the server's machine, for the plan's fixes (default: probe this machine)."""
 
 
-def planned_fixes(loaded: LoadedProfile, facts_file: str | None) -> list[str]:
-    """The fixes the plan enables for the profile on the server's GPU (a saved probe, or this machine)."""
+def planned(loaded: LoadedProfile, facts_file: str | None) -> Plan:
+    """The profile's plan on the server's GPU (a saved probe, or this machine): its fixes are the ones to
+    expect, and its key is the fingerprint's. Made once per smoke."""
     from deploykit.plan import make_plan
     from deploykit.probe.load import ProbeError, load_facts, probe
 
@@ -57,14 +61,62 @@ def planned_fixes(loaded: LoadedProfile, facts_file: str | None) -> list[str]:
     try:
         facts = load_facts(facts_file) if facts_file else probe()
     except ProbeError as exc:
-        raise StageFailure("plan", str(exc)) from None
+        raise StageFailure(Stage.PLAN, str(exc)) from None
     plan = make_plan(loaded, facts)
     check_plan(plan)
-    return plan.enabled_fixes
+    return plan
+
+
+def planned_fixes(loaded: LoadedProfile, facts_file: str | None) -> list[str]:
+    """The fixes the plan enables for the profile on the server's GPU."""
+    return planned(loaded, facts_file).enabled_fixes
 
 
 def run_remote_smoke(options: SmokeOptions, ui: ConsoleUI | None = None) -> int:
-    """Smoke a server that is already running; stores one row unless told not to."""
+    """Smoke a server that is already running; stores one row unless told not to (the one driver:
+    serve/driver.py, so a signal or any exception is the row too)."""
+    from deploykit.store import ResultRecord, open_store
+
+    ui = ui or ConsoleUI(quiet=True)
+    # Opened first: a store that cannot be reached stops here, before any request is sent (a store that
+    # goes away later is the spool's: deploykit.spool).
+    store = open_store(options.store_url) if options.store else None
+    try:
+        if store is not None:
+            check_fits(options, store)
+        record = ResultRecord(
+            command="smoke", verdict="error", stage=Stage.PROFILE.value, base_url=options.url
+        )
+        record.versions = {"deploykit": __version__}
+        secrets = secret_values(None, os.environ)
+        clock = StageClock(record)
+        with forwarded_signals() as gate:
+            outcome = drive(clock, lambda: _smoke(options, record, clock, ui), gate=gate)
+            record.verdict = outcome.verdict
+            record.diagnosis = redact(outcome.diagnosis, secrets)
+            record.timings["total_s"] = round(time.monotonic() - clock.started, 4)
+            finish(record, store, ui.say, ui.warn, keep=store is not None)
+    finally:
+        if store is not None:
+            store.close()
+    if outcome.error is not None:
+        raise outcome.error
+    return exit_code(record, outcome, gate)
+
+
+def check_fits(options: SmokeOptions, store: Store) -> None:
+    """The row's inputs against the store's limits, before any request (deploykit.store.check_fits)."""
+    import socket
+
+    from deploykit.store import check_fits as fits
+
+    fits(store, base_url=options.url, hostname=socket.gethostname())
+
+
+def _smoke(
+    options: SmokeOptions, record: ResultRecord, clock: StageClock, ui: ConsoleUI
+) -> tuple[Verdict, str]:
+    """The stages of a remote smoke: the profile (or a bare model), its plan, the key, the cases."""
     from deploykit.plan import resolve_model_path
     from deploykit.profile.schema import SmokeCase
     from deploykit.smoke import (
@@ -76,96 +128,72 @@ def run_remote_smoke(options: SmokeOptions, ui: ConsoleUI | None = None) -> int:
         vocab_size,
     )
     from deploykit.smoke.fix_check import smoke_with_fix_check
-    from deploykit.store import ResultRecord, open_store
 
-    ui = ui or ConsoleUI(quiet=True)
-    started = time.monotonic()
-    # Opened first: a store that cannot be written stops here, before any request is sent.
-    store = open_store(options.store_url) if options.store else None
-    record = ResultRecord(command="smoke", verdict="error", stage="profile", base_url=options.url)
-    record.versions = {"deploykit": __version__}
-    secrets = secret_values(None, os.environ)
-    try:
-        if options.profile is not None:
-            loaded = load(options.profile)
-            profile = loaded.profile
-            record.profile_name, record.profile_id = profile.name, loaded.id
-            requests = requests_for_profile(profile, served_name=options.model)
-            timeout = options.timeout_s or profile.smoke.timeout_s
-            key_env = options.api_key_env or profile.serve.api_key_env
-            special = special_token_ids(resolve_model_path(profile))
-            vocab = vocab_size(resolve_model_path(profile))
-            expected = (
-                options.expect_fixes
-                if options.expect_fixes is not None
-                else planned_fixes(loaded, options.facts)
-            )
-            tie, logprob = profile.smoke.tie_tolerance, profile.smoke.logprob_tolerance
-        elif options.model is not None:
-            record.profile_name = None
-            requests = smoke_requests([SmokeCase(kind="completion"), SmokeCase(kind="chat")], options.model)
-            timeout = options.timeout_s or 120.0
-            key_env = options.api_key_env
-            special = frozenset()
-            vocab = None
-            expected = options.expect_fixes or []
-            tie, logprob = DEFAULT_TIE_TOLERANCE, DEFAULT_LOGPROB_TOLERANCE
+    loaded: LoadedProfile | None = None
+    plan: Plan | None = None
+    if options.profile is not None:
+        loaded = load(options.profile)
+        profile = loaded.profile
+        record.profile_name, record.profile_id = profile.name, loaded.id
+        requests = requests_for_profile(profile, served_name=options.model)
+        timeout = options.timeout_s or profile.smoke.timeout_s
+        key_env = options.api_key_env or profile.serve.api_key_env
+        special = special_token_ids(resolve_model_path(profile))
+        vocab = vocab_size(resolve_model_path(profile))
+        clock.enter(Stage.PLAN)
+        if options.expect_fixes is not None:
+            expected = options.expect_fixes
         else:
-            raise StageFailure("profile", "give --profile P or --model NAME")
-        api_key = None
-        if key_env:
-            try:
-                api_key = net.secret_from_env(key_env, os.environ)
-            except net.SecretRefused as exc:
-                raise StageFailure("secrets", str(exc)) from None
-            if not api_key:
-                raise StageFailure("secrets", f"the API key variable {key_env} is not set")
-        record.stage = "smoke"
-        ui.say(f"smoke: {len(requests)} request(s) against {net.redact_url(options.url)}")
-        report, status = smoke_with_fix_check(
-            options.url,
-            requests,
-            expected=expected,
-            timeout_s=timeout,
-            api_key=api_key,
-            special_ids=special,
-            vocab_size=vocab,
-            tie_tolerance=tie,
-            logprob_tolerance=logprob,
-            on_case=ui.case,
-        )
-        record.fixes_active = status.fixes_active
-        if report.passed and options.profile is not None:
-            report, record.fingerprint = _with_fingerprint(
-                loaded, options, api_key, status.fixes_active, report, ui
-            )
-        record.verdict = "pass" if report.passed else "fail"
-        record.stage = "done"
-        record.diagnosis = report.diagnosis
-        record.cases = report.cases
-        record.timings = {"smoke_s": round(report.elapsed_s, 4)}
-        record.timings.update(case_timings(report.cases))
-    except StageFailure as exc:
-        record.stage, record.diagnosis = exc.stage, str(exc)
-    except BaseException:  # another DeploykitError (a missing package, say) is the CLI's one line; no row
-        if store is not None:
-            store.close()
-        raise
-    record.timings["total_s"] = round(time.monotonic() - started, 4)
-    record.diagnosis = redact(record.diagnosis, secrets)
-    if store is not None:
-        try:
-            result_id, where = store_row(record, store, ui.warn)
-        finally:
-            store.close()
+            plan = planned(loaded, options.facts)
+            expected = plan.enabled_fixes
+        tie, logprob = profile.smoke.tie_tolerance, profile.smoke.logprob_tolerance
+    elif options.model is not None:
+        requests = smoke_requests([SmokeCase(kind="completion"), SmokeCase(kind="chat")], options.model)
+        timeout = options.timeout_s or 120.0
+        key_env = options.api_key_env
+        special = frozenset()
+        vocab = None
+        expected = options.expect_fixes or []
+        tie, logprob = DEFAULT_TIE_TOLERANCE, DEFAULT_LOGPROB_TOLERANCE
     else:
-        result_id, where = None, ""
-    print_verdict(record, result_id, where, ui)
-    return exit_code_for(record)
+        raise StageFailure(Stage.PROFILE, "give --profile P or --model NAME")
+    clock.enter(Stage.SECRETS)
+    api_key = None
+    if key_env:
+        try:
+            api_key = net.secret_from_env(key_env, os.environ)
+        except net.SecretRefused as exc:
+            raise StageFailure(Stage.SECRETS, str(exc)) from None
+        if not api_key:
+            raise StageFailure(Stage.SECRETS, f"the API key variable {key_env} is not set")
+    clock.enter(Stage.SMOKE)
+    ui.say(f"smoke: {len(requests)} request(s) against {net.redact_url(options.url)}")
+    report, status = smoke_with_fix_check(
+        options.url,
+        requests,
+        expected=expected,
+        timeout_s=timeout,
+        api_key=api_key,
+        special_ids=special,
+        vocab_size=vocab,
+        tie_tolerance=tie,
+        logprob_tolerance=logprob,
+        on_case=ui.case,
+    )
+    record.fixes_active = status.fixes_active
+    if report.passed and loaded is not None:
+        report, record.fingerprint = _with_fingerprint(
+            loaded, plan, options, api_key, status.fixes_active, report, ui
+        )
+    record.cases = report.cases
+    record.timings["smoke_s"] = round(report.elapsed_s, 4)
+    record.timings.update(case_timings(report.cases))
+    return ("pass" if report.passed else "fail"), report.diagnosis
 
 
 def _with_fingerprint(
     loaded: LoadedProfile,
+    plan: Plan | None,
     options: SmokeOptions,
     api_key: str | None,
     fixes_active: dict[str, str] | None,
@@ -185,6 +213,7 @@ def _with_fingerprint(
         facts_file=options.facts,
         fixes_active=fixes_active,
         ask_fixes=False,
+        plan=plan,
     )
     if check is None:
         return report, None

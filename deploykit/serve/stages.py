@@ -4,13 +4,13 @@ smoke it (with the fix check), make its row, store it.
 
 `deploykit serve` (serve/attempt.py), the restart in serving mode (serve/watch.py), `deploykit smoke --url`
 (serve/remote_smoke.py) and `deploykit trace` (trace/run.py) compose these. A stage that cannot go on
-raises `StageFailure` naming itself; the command turns it into its one row, and the row says where.
+raises `StageFailure` naming itself; the one driver (serve/driver.py) turns it, or anything else that ends
+the stages, into the command's one row, and the row says where.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from deploykit import __version__, exit_codes, net
 from deploykit.errors import DeploykitError
 from deploykit.logtail import tail
+from deploykit.serve.driver import Outcome, Stage, StageClock, drive
 from deploykit.serve.helpers import (
     overhead,
     plan_for_store,
@@ -28,7 +29,7 @@ from deploykit.serve.helpers import (
     resolve_executable,
 )
 from deploykit.serve.options import ServeOptions
-from deploykit.serve.signals import Interrupted
+from deploykit.serve.signals import SignalGate
 
 if TYPE_CHECKING:
     from deploykit.fleet_baseline import FingerprintCheck
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from deploykit.serve.launch import ServerProcess
     from deploykit.smoke import CaseResult, SmokeReport
     from deploykit.smoke.fingerprint import Fingerprint
-    from deploykit.store import ResultRecord
+    from deploykit.store import ResultRecord, Verdict
 
 
 class StageFailure(DeploykitError):
@@ -48,9 +49,9 @@ class StageFailure(DeploykitError):
 
     exit_code = exit_codes.FAILED
 
-    def __init__(self, stage: str, message: str) -> None:
+    def __init__(self, stage: str | Stage, message: str) -> None:
         super().__init__(message)
-        self.stage = stage
+        self.stage = str(stage)
 
 
 @dataclass
@@ -59,7 +60,7 @@ class Attempt:
 
     options: ServeOptions
     started: float = field(default_factory=time.monotonic)
-    stage: str = "profile"
+    stage: str = Stage.PROFILE.value
     loaded: LoadedProfile | None = None
     plan: Plan | None = None
     argv: list[str] = field(default_factory=list)
@@ -74,6 +75,15 @@ class Attempt:
     fingerprint: Fingerprint | None = None
     fingerprint_check: FingerprintCheck | None = None
     """The key and settings the fingerprint was taken with: serving mode's canary compares with the same."""
+
+    clock: StageClock = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.clock = StageClock(self)
+
+    def enter(self, stage: Stage) -> None:
+        """Move on to `stage`, the one it leaves timed."""
+        self.clock.enter(stage)
 
     def mark(self, key: str, since: float) -> None:
         self.timings[key] = round(time.monotonic() - since, 4)
@@ -90,7 +100,7 @@ def load(reference: str) -> LoadedProfile:
     try:
         return load_profile(reference)
     except ProfileError as exc:
-        raise StageFailure("profile", f"the profile cannot be used: {profile_issues(exc)}") from None
+        raise StageFailure(Stage.PROFILE, f"the profile cannot be used: {profile_issues(exc)}") from None
 
 
 def probe_machine() -> tuple[ProbeFacts, dict[str, str | None]]:
@@ -104,7 +114,7 @@ def probe_machine() -> tuple[ProbeFacts, dict[str, str | None]]:
 def check_plan(plan: Plan) -> None:
     """A plan with errors fails the `plan` stage, every error named."""
     if plan.errors:
-        raise StageFailure("plan", "the plan has errors: " + "; ".join(plan.errors))
+        raise StageFailure(Stage.PLAN, "the plan has errors: " + "; ".join(plan.errors))
 
 
 class ListenAddress(NamedTuple):
@@ -126,14 +136,14 @@ def check_listen_addresses(addresses: Sequence[ListenAddress]) -> None:
             same_host = address.host == earlier.host or net.is_wildcard(address.host)
             if earlier.port == address.port and (same_host or net.is_wildcard(earlier.host)):
                 raise StageFailure(
-                    "port",
+                    Stage.PORT,
                     f"{address.what} and {earlier.what} both ask for port {address.port} on "
                     f"{address.host}; {address.way_out}",
                 )
         if net.port_in_use(address.port, address.host):
             where = "" if index == 0 else f" ({address.what})"
             raise StageFailure(
-                "port",
+                Stage.PORT,
                 f"port {address.port} on {address.host} is already in use{where}; stop what listens there "
                 f"or {address.way_out}",
             )
@@ -148,14 +158,14 @@ def launch_environment(plan: Plan, parent: Mapping[str, str]) -> dict[str, str]:
     missing = [f"{key} (from ${source})" for key, source in plan.secret_env.items() if not parent.get(source)]
     if missing:
         raise StageFailure(
-            "secrets",
+            Stage.SECRETS,
             f"the profile takes these from the environment, but they are not set: {', '.join(missing)}",
         )
     for variable in plan.secret_env.values():  # each travels in a header (the API key, HF_TOKEN): checked
         try:
             net.secret_from_env(variable, parent, what="secret")
         except net.SecretRefused as exc:
-            raise StageFailure("secrets", str(exc)) from None
+            raise StageFailure(Stage.SECRETS, str(exc)) from None
     for key, value in plan.env.items():
         source = plan.secret_env.get(key)
         env[key] = parent[source] if source is not None else value
@@ -175,7 +185,7 @@ def ensure_model(plan: Plan, source: str, say: Callable[[str], None]) -> None:
     built = build_tiny_model()
     if str(built) != plan.model_path:
         raise StageFailure(
-            "model", f"the tiny model was built at {built}, but the plan expects {plan.model_path}"
+            Stage.MODEL, f"the tiny model was built at {built}, but the plan expects {plan.model_path}"
         )
 
 
@@ -191,7 +201,7 @@ def start_vllm(
     try:
         return start_server(resolve_executable(argv), env, log_path=log_path, host=host, port=port)
     except LaunchError as exc:
-        raise StageFailure("launch", str(exc)) from None
+        raise StageFailure(Stage.LAUNCH, str(exc)) from None
 
 
 def wait_healthy(
@@ -210,7 +220,7 @@ def wait_healthy(
             message = f"vLLM exited during start-up with code {exc.server_exit_code}"
         else:
             message = f"vLLM did not become healthy within {timeout_s:g} s (start-up timeout)"
-        raise StageFailure("startup", f"{message}; last log lines:\n{tail(exc.log_tail)}") from None
+        raise StageFailure(Stage.STARTUP, f"{message}; last log lines:\n{tail(exc.log_tail)}") from None
 
 
 # --- the smoke -----------------------------------------------------------------------------------------
@@ -224,17 +234,17 @@ def profile_api_key(profile: Profile, environ: Mapping[str, str] = os.environ) -
     try:
         return net.secret_from_env(profile.serve.api_key_env, environ)
     except net.SecretRefused as exc:
-        raise StageFailure("secrets", str(exc)) from None
+        raise StageFailure(Stage.SECRETS, str(exc)) from None
 
 
 def smoke_attempt(attempt: Attempt, ui: ConsoleUI) -> SmokeReport:
     """The profile's smoke cases and the plan's fix check against the attempt's server."""
-    from deploykit.smoke import requests_for_profile, special_token_ids
+    from deploykit.smoke import requests_for_profile, special_token_ids, vocab_size
     from deploykit.smoke.fix_check import smoke_with_fix_check
 
     assert attempt.loaded is not None and attempt.plan is not None and attempt.base_url is not None
     profile = attempt.loaded.profile
-    attempt.stage = "smoke"
+    attempt.enter(Stage.SMOKE)
     requests = requests_for_profile(profile)
     ui.say(f"smoke: {len(requests)} request(s) against {net.redact_url(attempt.base_url)}")
     report, status = smoke_with_fix_check(
@@ -244,6 +254,7 @@ def smoke_attempt(attempt: Attempt, ui: ConsoleUI) -> SmokeReport:
         timeout_s=profile.smoke.timeout_s,
         api_key=profile_api_key(profile),
         special_ids=special_token_ids(attempt.plan.model_path),
+        vocab_size=vocab_size(attempt.plan.model_path),
         tie_tolerance=profile.smoke.tie_tolerance,
         logprob_tolerance=profile.smoke.logprob_tolerance,
         on_case=ui.case,
@@ -303,33 +314,20 @@ def case_timings(cases: Sequence[CaseResult]) -> dict[str, float | None]:
 # --- the verdict and the row ---------------------------------------------------------------------------
 
 
-@dataclass
-class Outcome:
-    """How an attempt's stages ended: `pass`/`fail` from the smoke, `error` from a failed stage (or an
-    unexpected exception: it still gets its row), `interrupted` by SIGINT/SIGTERM."""
+def run_to_verdict(
+    attempt: Attempt,
+    stages: Callable[[], SmokeReport],
+    context: str = "",
+    gate: SignalGate | None = None,
+) -> Outcome:
+    """Run `stages` (up to and including the smoke) through the one driver: the smoke's verdict, or how
+    the stages ended. Never raises an Exception."""
 
-    verdict: str = "error"
-    diagnosis: str = ""
-    interrupted: Interrupted | None = None
-
-
-def run_to_verdict(attempt: Attempt, stages: Callable[[], SmokeReport], context: str = "") -> Outcome:
-    """Run `stages` (up to and including the smoke) and say how they ended; never raises, except for
-    BaseExceptions that are not signals deploykit forwards."""
-    outcome = Outcome()
-    try:
+    def judged() -> tuple[Verdict, str]:
         report = stages()
-        outcome.verdict, outcome.diagnosis = ("pass" if report.passed else "fail"), report.diagnosis
-        attempt.stage = "done"
-    except Interrupted as exc:
-        outcome.verdict, outcome.interrupted = "interrupted", exc
-        outcome.diagnosis = f"stopped by {signal.Signals(exc.signum).name} during {attempt.stage}{context}"
-        attempt.timings["signal"] = exc.signum
-    except StageFailure as exc:
-        attempt.stage, outcome.diagnosis = exc.stage, str(exc)
-    except Exception as exc:  # an unexpected error still gets its row
-        outcome.diagnosis = f"{type(exc).__name__}: {exc}"
-    return outcome
+        return ("pass" if report.passed else "fail"), report.diagnosis
+
+    return drive(attempt.clock, judged, gate=gate, context=context)
 
 
 def attempt_record(attempt: Attempt, verdict: str, diagnosis: str) -> ResultRecord:

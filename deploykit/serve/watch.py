@@ -37,7 +37,8 @@ from deploykit.canary import defaults as canary_defaults
 from deploykit.canary.defaults import OnCorruption as OnCorruption
 from deploykit.logtail import tail
 from deploykit.serve.console import ConsoleUI, LogFollower
-from deploykit.serve.helpers import argv_value, print_verdict, redact
+from deploykit.serve.driver import Stage, finish
+from deploykit.serve.helpers import argv_value, redact
 from deploykit.serve.signals import Interrupted, SignalGate, forwarded_signals
 from deploykit.serve.stages import (
     Attempt,
@@ -329,7 +330,7 @@ def _store_decision(attempt: Attempt, diagnosis: str, ui: ConsoleUI, restart: in
         profile_name=loaded.profile.name,
         profile_id=loaded.id,
         verdict="fail",
-        stage="corruption",
+        stage=Stage.CORRUPTION.value,
         diagnosis=redact(diagnosis, attempt.secrets),
         base_url=attempt.base_url,
         versions=attempt.versions,
@@ -354,7 +355,7 @@ def _relaunch(previous: Attempt, number: int, ui: ConsoleUI, gate: SignalGate) -
     assert previous.server is not None
     attempt = Attempt(
         options=previous.options,
-        stage="launch",
+        stage=Stage.LAUNCH.value,
         loaded=previous.loaded,
         plan=previous.plan,
         argv=previous.argv,
@@ -377,20 +378,18 @@ def _relaunch(previous: Attempt, number: int, ui: ConsoleUI, gate: SignalGate) -
         port = int(argv_value(attempt.argv, "--port", "8000"))
         attempt.server = start_vllm(attempt.argv, env, log_path=log_path, host=host, port=port)
         ui.say(f"vLLM restarted: pid {attempt.server.pid} (own process group), log {log_path}")
-        attempt.stage = "startup"
+        attempt.enter(Stage.STARTUP)
         startup = wait_healthy(attempt.server, profile.deploy.startup_timeout_s)
         attempt.timings["startup_s"] = round(startup, 4)
         ui.say(f"vLLM healthy again after {startup:.1f} s")
         return smoke_attempt(attempt, ui)
 
-    outcome = run_to_verdict(attempt, stages, context=f" (restart {number})")
-    gate.armed = False  # the row and the cleanup below must not be interrupted
+    outcome = run_to_verdict(attempt, stages, context=f" (restart {number})", gate=gate)  # disarms it
     record = attempt_record(attempt, outcome.verdict, outcome.diagnosis)
-    if attempt.server is not None and (outcome.interrupted is not None or attempt.stage != "done"):
+    if attempt.server is not None and (outcome.interrupted is not None or attempt.stage != Stage.DONE):
         attempt.server.stop()
         attempt.server = None
-    result_id, where = store_row(record, previous.options.store_url, ui.warn)
-    print_verdict(record, result_id, where, ui)
+    finish(record, previous.options.store_url, ui.say, ui.warn)
     if outcome.interrupted is not None:
         raise outcome.interrupted
     return attempt, outcome.verdict == "pass"

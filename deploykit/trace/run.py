@@ -11,6 +11,7 @@ import os
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,17 +21,17 @@ from deploykit import exit_codes
 from deploykit.files import make_private_dirs
 from deploykit.plugin_contract import TRACE_ENV
 from deploykit.profile.schema import FixMode
+from deploykit.serve.driver import INPUT_STAGES, Stage, StageClock, drive, exit_code, finish
 from deploykit.serve.stages import StageFailure
 
 if TYPE_CHECKING:
     from deploykit.profile.schema import Profile, SmokeCase
+    from deploykit.serve.launch import ServerProcess
     from deploykit.smoke import CaseResult, SmokeRequest
+    from deploykit.store import ResultRecord, Verdict
     from deploykit.trace.report import TraceReport
 
 REQUEST_ID_PREFIX = "dktrace"
-# A trace that ends at one of these stages was refused for its input (the profile, its plan, the case):
-# nothing ran. Any other stage is work that failed.
-_INPUT_STAGES = frozenset({"profile", "cases", "plan"})
 
 
 class TraceOptions(BaseModel):
@@ -74,7 +75,7 @@ def trace_cases(
     elif case is not None:
         refusal = unservable_case(profile, case)
         if refusal:
-            raise StageFailure("cases", f"--case {case}: {refusal}")
+            raise StageFailure(Stage.CASES, f"--case {case}: {refusal}")
         derived = [c for c in derive_cases(profile) if c.kind == case]
         cases = derived or [SmokeCase.model_validate({"kind": case})]
     else:
@@ -132,74 +133,114 @@ def send_cases(
 
 
 def run_trace(options: TraceOptions, say: Any = None) -> tuple[int, TraceReport | None]:
-    """One trace attempt; returns (exit code, report). Stores exactly one row whatever happens."""
+    """One trace attempt; returns (exit code, report). Stores exactly one row whatever happens: the stages
+    run in the one driver (serve/driver.py), so a failed stage, any exception and SIGINT/SIGTERM (a vLLM it
+    started is stopped first) each end in the row."""
     from deploykit import __version__
-    from deploykit.net import free_port
-    from deploykit.paths import default_log_dir
-    from deploykit.plan import make_plan
-    from deploykit.serve.console import log_echo
-    from deploykit.serve.helpers import plan_for_store, redact, secret_values
-    from deploykit.serve.stages import (
-        check_plan,
-        ensure_model,
-        launch_environment,
-        load,
-        probe_machine,
-        profile_api_key,
-        start_vllm,
-        wait_healthy,
-    )
-    from deploykit.smoke import requests_for_profile, special_token_ids
+    from deploykit.serve.helpers import redact, secret_values
+    from deploykit.serve.signals import forwarded_signals
     from deploykit.store import ResultRecord
-    from deploykit.store_row import store_row
-    from deploykit.trace.report import analyse, read_trace_dir, render_text
 
     say = say or (lambda message: None)
-    started = time.monotonic()
-    record = ResultRecord(command="trace", verdict="error", stage="profile", profile_name=options.profile)
+    record = ResultRecord(
+        command="trace", verdict="error", stage=Stage.PROFILE.value, profile_name=options.profile
+    )
     record.versions = {"deploykit": __version__}
-    secrets: list[str] = secret_values(None, os.environ)
-    server = None
+    run = _TraceRun(options=options, record=record, say=say, secrets=secret_values(None, os.environ))
+    clock = StageClock(record)
+    with forwarded_signals() as gate:
+        try:
+            outcome = drive(clock, lambda: run.stages(clock), gate=gate, usage_stages=INPUT_STAGES)
+        finally:
+            gate.armed = False
+            run.stop_server()
+        record.verdict = outcome.verdict
+        record.diagnosis = redact(outcome.diagnosis, run.secrets)
+        record.timings["total_s"] = round(time.monotonic() - clock.started, 4)
+        finish(record, options.store_url, say, say, brief=True)
+    code = exit_code(record, outcome, gate)
+    if record.verdict == "error" and outcome.exit_code is None:
+        code = exit_codes.FAILED
+    return code, run.report
+
+
+@dataclass
+class _TraceRun:
+    """One trace's state while its stages run: what `stop_server` must stop, and the report."""
+
+    options: TraceOptions
+    record: ResultRecord
+    say: Any
+    secrets: list[str]
+    server: ServerProcess | None = None
     report: TraceReport | None = None
-    code = exit_codes.FAILED
-    try:
+
+    def stop_server(self) -> None:
+        """Stop a vLLM the stages left running (an error or a signal ended them), keeping its log's tail."""
+        from deploykit.serve.helpers import redact
+
+        if self.server is not None:
+            server, self.server = self.server, None
+            server.stop()
+            self.record.log_tail = redact(server.log_tail(60), self.secrets)
+
+    def stages(self, clock: StageClock) -> tuple[Verdict, str]:
+        from deploykit.net import free_port
+        from deploykit.paths import default_log_dir
+        from deploykit.plan import make_plan
+        from deploykit.serve.console import log_echo
+        from deploykit.serve.helpers import plan_for_store, redact, secret_values
+        from deploykit.serve.stages import (
+            check_plan,
+            ensure_model,
+            launch_environment,
+            load,
+            probe_machine,
+            profile_api_key,
+            start_vllm,
+            wait_healthy,
+        )
+        from deploykit.smoke import requests_for_profile, special_token_ids
+        from deploykit.trace.report import analyse, read_trace_dir, render_text
+
+        options, record, say = self.options, self.record, self.say
         loaded = load(options.profile)
         profile = loaded.profile
         record.profile_name, record.profile_id = profile.name, loaded.id
-        record.stage = "cases"
+        clock.enter(Stage.CASES)
         cases = trace_cases(profile, options.case, options.prompt, options.max_tokens)
-        record.stage = "probe"
+        clock.enter(Stage.PROBE)
         facts, versions = probe_machine()
         record.facts = facts.model_dump(mode="json")
         record.versions.update(versions)
-        record.stage = "plan"
+        clock.enter(Stage.PLAN)
         plan = make_plan(loaded, facts, options.overrides)
         check_plan(plan)
-        secrets = secret_values(plan, os.environ)
+        self.secrets = secret_values(plan, os.environ)
         port = free_port()
         argv = trace_argv(plan.argv, port)
         record.plan = plan_for_store(plan, argv)
         record.base_url = base_url = f"http://127.0.0.1:{port}"
-        record.stage = "secrets"
+        clock.enter(Stage.SECRETS)
         env = launch_environment(plan, os.environ)
         log_dir = options.log_dir or default_log_dir()
         make_private_dirs(log_dir)  # the traces hold prompts' activations: the owner's alone
         directory = Path(tempfile.mkdtemp(prefix=f"trace-{profile.name}-", dir=log_dir))
         env[TRACE_ENV] = str(directory)
-        record.stage = "model"
+        clock.enter(Stage.MODEL)
         ensure_model(plan, profile.model.source, say)
-        record.stage = "launch"
+        clock.enter(Stage.LAUNCH)
         log_path = directory / "vllm.log"
         launch_started = time.monotonic()
-        server = start_vllm(argv, env, log_path=log_path, host="127.0.0.1", port=port)
+        self.server = server = start_vllm(argv, env, log_path=log_path, host="127.0.0.1", port=port)
         record.log_path = str(log_path)
         say(f"vLLM started for the trace (eager, --max-num-seqs 1), pid {server.pid}, log {log_path}")
-        record.stage = "startup"
-        echo = None if options.quiet else log_echo(log_path, say, lambda line: redact(line, secrets))
+        clock.enter(Stage.STARTUP)
+        echo = None if options.quiet else log_echo(log_path, say, lambda line: redact(line, self.secrets))
         startup = wait_healthy(server, profile.deploy.startup_timeout_s, echo)
         record.timings["startup_s"] = round(startup, 4)
         say(f"vLLM healthy after {startup:.1f} s")
-        record.stage = "requests"
+        clock.enter(Stage.REQUESTS)
         requests = requests_for_profile(profile, cases)
         requests_started = time.monotonic()
         results, names = send_cases(
@@ -217,41 +258,18 @@ def run_trace(options: TraceOptions, say: Any = None) -> tuple[int, TraceReport 
         record.cases = results
         if echo is not None:  # --verbose: vLLM's lines for the requests too
             echo()
-        record.stage = "stop"
+        clock.enter(Stage.STOP)
         stop_started = time.monotonic()
-        server.stop()
+        self.stop_server()
         record.timings["stop_s"] = round(time.monotonic() - stop_started, 4)
         record.timings["server_s"] = round(time.monotonic() - launch_started, 4)
-        record.log_tail = redact(server.log_tail(60), secrets)
-        server = None
-        record.stage = "report"
-        report = analyse(read_trace_dir(directory), names)
+        clock.enter(Stage.REPORT)
+        self.report = report = analyse(read_trace_dir(directory), names)
         if report.modules_hooked == 0:
             raise StageFailure(
-                "report",
+                Stage.REPORT,
                 f"no trace was written to {directory}: the deploykit plugin did not hook the model "
                 "(is deploykit installed in vLLM's environment, and VLLM_PLUGINS not excluding it?)",
             )
         smoke_passed = bool(results) and all(r.passed for r in results)
-        record.verdict = "pass" if smoke_passed and not report.nonfinite_found else "fail"
-        record.stage = "done"
-        record.diagnosis = render_text(report)
-        code = exit_codes.OK if record.verdict == "pass" else exit_codes.FAILED
-    except StageFailure as exc:
-        record.stage, record.diagnosis = exc.stage, str(exc)
-        code = exit_codes.USAGE if exc.stage in _INPUT_STAGES else exit_codes.FAILED
-    except KeyboardInterrupt:
-        record.verdict, record.diagnosis = "interrupted", f"interrupted during {record.stage}"
-        code = exit_codes.INTERRUPTED
-    finally:
-        if server is not None:
-            server.stop()
-            record.log_tail = redact(server.log_tail(60), secrets)
-    record.timings["total_s"] = round(time.monotonic() - started, 4)
-    record.diagnosis = redact(record.diagnosis, secrets)
-    result_id, where = store_row(record, options.store_url, say)
-    if result_id is not None:
-        say(f"result #{result_id} stored in {where}")
-    if record.verdict == "error":
-        say(f"trace: ERROR at {record.stage}: {record.diagnosis}")
-    return code, report
+        return ("pass" if smoke_passed and not report.nonfinite_found else "fail"), render_text(report)

@@ -48,4 +48,6 @@ def test_trace_refuses_before_vllm_starts(tmp_path: Path) -> None:
         store.close()
     assert (record.command, record.verdict, record.stage) == ("trace", "error", "cases")
     assert "text-only" in record.diagnosis
-    assert any("ERROR at cases" in line for line in said)
+    assert [line for line in said if line.startswith("verdict:")] == [
+        f"verdict: ERROR (cases): {record.diagnosis}"
+    ]
