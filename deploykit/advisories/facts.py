@@ -12,17 +12,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from deploykit.advisories import argv as argv_reader
+from deploykit.advisories.compute_dtype import ComputeDtype, quantization_method
 from deploykit.probe.facts import GpuFacts, GpuLink, ProbeFacts
 from deploykit.vllm_compat import parse_version
 
-# vLLM's --dtype spellings → one name each.
-_DTYPE_NAMES = {
-    "half": "float16",
-    "float16": "float16",
-    "bfloat16": "bfloat16",
-    "float": "float32",
-    "float32": "float32",
-}
 # vLLM's release notes for 0.11.0: "turns on FULL_AND_PIECEWISE as the CUDA graph mode default".
 FULL_AND_PIECEWISE_DEFAULT_SINCE = (0, 11, 0)
 # vllm/engine/arg_utils.py (0.32) get_batch_defaults, OPENAI_API_SERVER on CUDA: 1024 sequences on GPUs of
@@ -89,16 +82,17 @@ def deployment_facts(
     gpu_count: int,
     architectures: list[str],
     checkpoint_dtype: str | None,
+    compute: ComputeDtype,
     model_config: dict[str, Any],
     penalties: bool,
     model_runner: str,
 ) -> DeploymentFacts:
-    """The facts of one planned deployment; serving features come from its argv and env."""
+    """The facts of one planned deployment; serving features come from its argv and env, the compute dtype
+    from the plan's one resolution of it (deploykit.advisories.compute_dtype)."""
     tensor_parallel = int(
         argv_reader.flag_value(argv, "--tensor-parallel-size") or argv_reader.flag_value(argv, "-tp") or 1
     )
     used = facts.gpus[: max(gpu_count, tensor_parallel, 1)]
-    bf16 = all(gpu.bf16_native for gpu in used) if used else None
     eager = bool(argv_reader.flag_switch(argv, "--enforce-eager"))
     compilation = argv_reader.json_option(argv, "--compilation-config")
     backend = (
@@ -112,8 +106,8 @@ def deployment_facts(
         gpu_links=_links_between(facts.gpu_links, used),
         architectures=architectures or None,
         checkpoint_dtype=checkpoint_dtype,
-        dtype=_effective_dtype(argv_reader.flag_value(argv, "--dtype"), checkpoint_dtype, bf16),
-        quantization=_quantization(argv, model_config),
+        dtype=compute.dtype,
+        quantization=quantization_method(argv, model_config),
         kv_cache_dtype=(argv_reader.flag_value(argv, "--kv-cache-dtype") or "auto").lower(),
         attention_backend=backend if backend == "auto" else backend.upper(),
         cudagraph_mode=_cudagraph_mode(eager, compilation, vllm_version),
@@ -134,38 +128,6 @@ def _links_between(links: list[GpuLink] | None, used: list[GpuFacts]) -> list[Gp
         return None
     indexes = {gpu.index for gpu in used}
     return [link for link in links if set(link.gpus) <= indexes]
-
-
-def _effective_dtype(flag: str | None, checkpoint: str | None, bf16_native: bool | None) -> str | None:
-    """The dtype vLLM computes in: `--dtype` when set, else what `auto` resolves to (vllm/config/model.py
-    _resolve_auto_dtype: the checkpoint's dtype when the GPU supports it, float32 downcast to the platform's
-    first choice, BF16 falling back to FP16 on GPUs without native BF16)."""
-    if flag and flag != "auto":
-        return _DTYPE_NAMES.get(flag, flag)
-    if checkpoint is None or bf16_native is None:
-        return None
-    preferred = "bfloat16" if bf16_native else "float16"
-    if checkpoint == "float32":
-        return preferred
-    if checkpoint == "bfloat16" and not bf16_native:
-        return "float16"
-    return _DTYPE_NAMES.get(checkpoint, checkpoint)
-
-
-def _quantization(argv: list[str], config: dict[str, Any]) -> str | None:
-    """`--quantization` (or `-q`) when set, else the checkpoint's quantization_config (local models only).
-    NVFP4 is named `nvfp4` however the checkpoint spells it (modelopt_fp4, compressed-tensors' format)."""
-    named = argv_reader.flag_value(argv, "--quantization") or argv_reader.flag_value(argv, "-q")
-    if named:
-        return "nvfp4" if named.lower() == "modelopt_fp4" else named.lower()
-    quant = config.get("quantization_config")
-    if not isinstance(quant, dict):
-        return "none" if config else None
-    method = str(quant.get("quant_method", "")).lower()
-    algo = str(quant.get("quant_algo", "")).lower()
-    if method == "modelopt_fp4" or algo == "nvfp4" or "nvfp4" in str(quant.get("format", "")).lower():
-        return "nvfp4"
-    return method or None
 
 
 def _cudagraph_mode(eager: bool, compilation: dict[str, Any], vllm_version: str | None) -> str:

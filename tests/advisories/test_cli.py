@@ -23,6 +23,7 @@ HOPPER = {"h100", "h100x8", "h20", "h200"}
 
 # What applies, by hand: (facts, profile) → advisory ids. Every pair not listed: nothing applies.
 #   gemma4-turing: a BF16 Gemma4 Unified checkpoint: fp32_projection on GPUs without native BF16.
+#   demo-gemma4-fp16: the same model with serve.dtype float16: fp32_projection on every machine.
 #   qwen-lora-hopper: LoRA: matmul_lora on Hopper, and on the CPU build (no-gpu: vLLM 0.32.0+cpu), whose
 #   LoRA path the fix also corrects (slot -1 read as the last adapter; docs/status.md).
 #   penalties-high-concurrency: penalties on the V1 runner it selects: device_penalties on every machine,
@@ -31,6 +32,7 @@ HOPPER = {"h100", "h100x8", "h20", "h200"}
 # decoding, and their hub models' vocab is unknown (v2-penalty-table stays unknown).
 EXPECTED: dict[tuple[str, str], set[str]] = {
     **{(facts, "gemma4-turing"): {"fp32-projection"} for facts in NO_BF16},
+    **{(facts, "demo-gemma4-fp16"): {"fp32-projection"} for facts in FACTS},
     **{(facts, "qwen-lora-hopper"): {"matmul-lora"} for facts in HOPPER | {"no-gpu"}},
     **{(facts, "penalties-high-concurrency"): {"device-penalties"} for facts in FACTS},
 }
