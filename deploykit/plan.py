@@ -12,8 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 from deploykit import __version__, net
 from deploykit.advisories import (
     Advice,
-    ComputeDtype,
     AdvisoryOutcome,
+    ComputeDtype,
     FixCall,
     Verdict,
     advise,

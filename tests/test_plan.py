@@ -102,7 +102,7 @@ def test_fp32_projection_float32_compute_is_not_needed_even_without_bf16(tmp_pat
 
 
 def test_fp32_projection_for_an_fp16_checkpoint_under_auto_on_hopper(tmp_path: Path) -> None:
-    """An AWQ export saved in float16 (#40290's case): `auto` keeps float16 on an H100, read from config.json."""
+    """An AWQ export saved in float16 (#40290): `auto` keeps float16 on an H100, read from config.json."""
     config = {
         "architectures": ["Gemma4UnifiedForConditionalGeneration"],
         "model_type": "gemma4_unified",

@@ -16,6 +16,11 @@ from deploykit.advisories.compute_dtype import ComputeDtype, quantization_method
 from deploykit.probe.facts import GpuFacts, GpuLink, ProbeFacts
 from deploykit.vllm_compat import parse_version
 
+# vLLM 0.14.0 turned async scheduling on by default (PR #33352's description).
+ASYNC_SCHEDULING_DEFAULT_SINCE = (0, 14, 0)
+# The FlashInfer each vLLM release pins (its wheel's METADATA: Requires-Dist flashinfer-python==X). The
+# 0.32 CPU build names none, so 0.32's stays unknown unless the facts carry it.
+FLASHINFER_PINNED = {"0.33.0": "0.7.2.post1", "0.34.0": "0.7.3"}
 # vLLM's release notes for 0.11.0: "turns on FULL_AND_PIECEWISE as the CUDA graph mode default".
 FULL_AND_PIECEWISE_DEFAULT_SINCE = (0, 11, 0)
 # vllm/engine/arg_utils.py (0.32) get_batch_defaults, OPENAI_API_SERVER on CUDA: 1024 sequences on GPUs of
@@ -43,6 +48,9 @@ class DeploymentFacts(BaseModel):
     lora: bool | None = None
     speculative_decoding: bool | None = None
     prefix_caching: bool | None = None
+    async_scheduling: bool | None = None
+    sequence_parallelism: bool | None = None
+    flashinfer_version: str | None = None
     penalties: bool | None = None
     model_runner: str | None = None
     max_num_seqs: int | None = None
@@ -66,10 +74,28 @@ def machine_facts(
     used = facts.gpus[: max(gpu_count, 1)]
     return DeploymentFacts(
         vllm_version=vllm_version,
-        platform=platform,
+        platform=facts_platform(facts, platform),
         gpus=used,
         gpu_links=_links_between(facts.gpu_links, used),
+        flashinfer_version=flashinfer_version(facts, vllm_version),
     )
+
+
+def facts_platform(facts: ProbeFacts, platform: str) -> str:
+    """`rocm` or `xpu` when the (hand-written) facts say so and the plan is for GPUs; else the plan's."""
+    if platform != "cpu" and facts.platform in ("rocm", "xpu"):
+        return facts.platform
+    return platform
+
+
+def flashinfer_version(facts: ProbeFacts, vllm_version: str | None) -> str | None:
+    """The facts' FlashInfer when they carry one, else the one the target vLLM release pins."""
+    if facts.flashinfer_version:
+        return facts.flashinfer_version
+    parsed = parse_version(vllm_version)
+    if parsed is None:
+        return None
+    return FLASHINFER_PINNED.get(".".join(str(part) for part in parsed[:3]))
 
 
 def deployment_facts(
@@ -99,9 +125,13 @@ def deployment_facts(
         argv_reader.flag_value(argv, "--attention-backend") or env.get("VLLM_ATTENTION_BACKEND") or "auto"
     )
     max_num_seqs = argv_reader.flag_value(argv, "--max-num-seqs")
+    enable_sp = compilation.get("pass_config", {})
+    sequence_parallel = isinstance(enable_sp, dict) and bool(
+        enable_sp.get("enable_sp") or enable_sp.get("fuse_gemm_comms")
+    )
     return DeploymentFacts(
         vllm_version=vllm_version,
-        platform=platform,
+        platform=facts_platform(facts, platform),
         gpus=used,
         gpu_links=_links_between(facts.gpu_links, used),
         architectures=architectures or None,
@@ -115,6 +145,9 @@ def deployment_facts(
         lora=bool(argv_reader.flag_switch(argv, "--enable-lora")),
         speculative_decoding=argv_reader.flag_value(argv, "--speculative-config") is not None,
         prefix_caching=argv_reader.flag_switch(argv, "--enable-prefix-caching") is not False,
+        async_scheduling=_async_scheduling(argv, vllm_version),
+        sequence_parallelism=sequence_parallel,
+        flashinfer_version=flashinfer_version(facts, vllm_version),
         penalties=penalties,
         model_runner=model_runner,
         max_num_seqs=int(max_num_seqs) if max_num_seqs else _default_max_num_seqs(used, platform),
@@ -128,6 +161,14 @@ def _links_between(links: list[GpuLink] | None, used: list[GpuFacts]) -> list[Gp
         return None
     indexes = {gpu.index for gpu in used}
     return [link for link in links if set(link.gpus) <= indexes]
+
+
+def _async_scheduling(argv: list[str], vllm_version: str | None) -> bool | None:
+    stated = argv_reader.flag_switch(argv, "--async-scheduling")
+    if stated is not None:
+        return stated
+    parsed = parse_version(vllm_version)
+    return None if parsed is None else parsed >= ASYNC_SCHEDULING_DEFAULT_SINCE
 
 
 def _cudagraph_mode(eager: bool, compilation: dict[str, Any], vllm_version: str | None) -> str:

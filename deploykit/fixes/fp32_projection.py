@@ -3,7 +3,8 @@ in FP16.
 
 The overflow is FP16 arithmetic, whatever GPU runs it: a checkpoint served in FP16 (`--dtype float16`, an
 FP16 checkpoint such as an AWQ export under `--dtype auto`, or vLLM's fallback for BF16 on CC < 8.0)
-overflows 65504 in one output channel of the vision embedder's `patch_dense`; `patch_ln2` turns every such row into NaN and the model emits token 0 forever.
+overflows 65504 in one output channel of the vision embedder's `patch_dense`; `patch_ln2` turns every
+such row into NaN and the model emits token 0 forever.
 The cure keeps only those two layers in FP32: the input is promoted before `patch_dense` and the result
 demoted to the model dtype after `patch_ln2`. See docs/fixes/fp32-projection.md.
 
@@ -93,7 +94,7 @@ def decide(inputs: DecisionInputs, mode: FixMode) -> FixDecision:
         return result(Decision.NOT_NEEDED, f"{dtype} compute ({source}): no FP16 arithmetic to overflow")
     return result(
         Decision.ENABLED,
-        f"float16 compute ({source}): patch_dense passes 65504 in FP16 on any GPU and patch_ln2 turns it to NaN",
+        f"float16 compute ({source}): patch_dense passes 65504 in FP16 on any GPU, patch_ln2 makes it NaN",
     )
 
 
