@@ -13,11 +13,14 @@ from deploykit import __version__, net
 from deploykit.advisories import (
     Advice,
     AdvisoryOutcome,
+    ComputeDtype,
     FixCall,
     Verdict,
     advise,
     deployment_facts,
     mode_errors,
+    quantization_method,
+    resolve_compute_dtype,
 )
 from deploykit.fixes import FIX_NAMES as FIX_NAMES  # `--fix NAME=...` checks names against these
 from deploykit.fixes import load_fix
@@ -294,10 +297,36 @@ def removed_env_warnings(env: dict[str, str], version: str | None) -> list[str]:
     ]
 
 
+def compute_dtype(
+    profile: Profile, facts: ProbeFacts, model_path: str, checkpoint_dtype: str | None, platform: str
+) -> ComputeDtype:
+    """The dtype the planned engine computes in (deploykit.advisories.compute_dtype): `serve.dtype`, else
+    vLLM's `auto` on these GPUs, checked against the quantization method (extra_args, else config.json)."""
+    config = read_local_config(model_path)
+    if profile.model.checkpoint_dtype:
+        source = "model.checkpoint_dtype"
+    elif config:
+        source = "config.json"
+    else:
+        source = "no model.checkpoint_dtype and no local config.json"
+    model_type = config.get("model_type")
+    used = facts.gpus[: max(profile.requires.gpu_count, profile.serve.tensor_parallel_size, 1)]
+    return resolve_compute_dtype(
+        requested=profile.serve.dtype,
+        checkpoint_dtype=checkpoint_dtype,
+        checkpoint_source=source,
+        gpus=used,
+        platform=platform,
+        model_type=model_type if isinstance(model_type, str) else None,
+        quantization=quantization_method(profile.serve.extra_args, config),
+    )
+
+
 def decision_inputs(profile: Profile, facts: ProbeFacts, model_path: str) -> DecisionInputs:
     dtype, architectures = checkpoint_facts(profile, model_path)
     version = target_vllm_version(profile, facts)
     platform = "cpu" if profile.platform == "cpu" or is_cpu_build(version) else "cuda"
+    compute = compute_dtype(profile, facts, model_path, dtype, platform)
     return DecisionInputs(
         gpus=facts.gpus,
         vllm_version=version,
@@ -308,6 +337,9 @@ def decision_inputs(profile: Profile, facts: ProbeFacts, model_path: str) -> Dec
         penalties_expected=profile.workload.penalties,
         model_runner=profile.serve.model_runner,
         platform=platform,
+        compute_dtype=compute.dtype,
+        compute_dtype_source=compute.source,
+        compute_dtype_refused=compute.refused,
     )
 
 
@@ -562,6 +594,11 @@ def plan_advice(
         gpu_count=profile.requires.gpu_count,
         architectures=inputs.model_architectures,
         checkpoint_dtype=inputs.checkpoint_dtype,
+        compute=ComputeDtype(
+            dtype=inputs.compute_dtype,
+            source=inputs.compute_dtype_source,
+            refused=inputs.compute_dtype_refused,
+        ),
         model_config=read_local_config(argv[2]) if len(argv) > 2 else {},
         penalties=profile.workload.penalties,
         model_runner=runner,

@@ -58,6 +58,85 @@ def test_fp32_projection_not_needed_with_native_bf16(gpu: str) -> None:
     assert "DEPLOYKIT_FIXES" not in plan.env
 
 
+def gemma4_with(tmp_path: Path, serve_dtype: str, config: dict[str, object] | None = None) -> LoadedProfile:
+    """gemma4-turing with `serve.dtype`; with `config`, a local checkpoint folder holding that config.json
+    instead of the profile's stated checkpoint dtype."""
+    text = (REPO / "profiles" / "gemma4-turing.yaml").read_text()
+    text = text.replace("  max_model_len: 8192", f"  dtype: {serve_dtype}\n  max_model_len: 8192")
+    if config is not None:
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        text = text.replace("google/gemma-4-12b-it-qat-w4a16-ct", str(tmp_path))
+        text = text.replace("  checkpoint_dtype: bfloat16\n", "")
+    path = tmp_path / "gemma4.yaml"
+    path.write_text(text)
+    return load_profile(str(path))
+
+
+@pytest.mark.parametrize("gpu", ["t4", "v100", "a100", "l4", "h100", "b200"])
+def test_fp32_projection_follows_fp16_compute_on_any_gpu(gpu: str, tmp_path: Path) -> None:
+    """Issue 35: `serve.dtype: float16` computes in FP16 whatever the GPU; the reason names the dtype and
+    where it came from."""
+    plan = make_plan(gemma4_with(tmp_path, "float16"), facts(gpu))
+    verdict, reason = decision(plan, "fp32_projection")
+    assert verdict is Decision.ENABLED, reason
+    assert reason.startswith("float16 compute (serve.dtype float16 (--dtype float16))")
+    assert plan.env["DEPLOYKIT_FIXES"] == "fp32_projection"
+    assert plan.argv[plan.argv.index("--dtype") + 1] == "float16"
+    outcome = next(a for a in plan.advisories if a.id == "fp32-projection")
+    assert outcome.outcome == "fixed"
+
+
+@pytest.mark.parametrize("gpu", ["a100", "h100"])
+def test_fp32_projection_not_needed_for_bf16_compute(gpu: str, tmp_path: Path) -> None:
+    for serve_dtype in ("bfloat16", "auto"):
+        verdict, reason = decision(
+            make_plan(gemma4_with(tmp_path, serve_dtype), facts(gpu)), "fp32_projection"
+        )
+        assert verdict is Decision.NOT_NEEDED
+        assert reason.startswith("bfloat16 compute (") and "no FP16 arithmetic" in reason
+
+
+def test_fp32_projection_float32_compute_is_not_needed_even_without_bf16(tmp_path: Path) -> None:
+    verdict, reason = decision(make_plan(gemma4_with(tmp_path, "float32"), facts("t4")), "fp32_projection")
+    assert verdict is Decision.NOT_NEEDED
+    assert reason.startswith("float32 compute (serve.dtype float32")
+
+
+def test_fp32_projection_for_an_fp16_checkpoint_under_auto_on_hopper(tmp_path: Path) -> None:
+    """An AWQ export saved in float16 (#40290): `auto` keeps float16 on an H100, read from config.json."""
+    config = {
+        "architectures": ["Gemma4UnifiedForConditionalGeneration"],
+        "model_type": "gemma4_unified",
+        "torch_dtype": "float16",
+        "quantization_config": {"quant_method": "awq", "bits": 4},
+    }
+    plan = make_plan(gemma4_with(tmp_path, "auto", config), facts("h100"))
+    verdict, reason = decision(plan, "fp32_projection")
+    assert verdict is Decision.ENABLED
+    assert "auto keeps the float16 checkpoint (config.json)" in reason
+    assert "NVIDIA H100" in reason and "native BF16" in reason
+
+
+def test_fp32_projection_names_vllms_fallback_on_turing(tmp_path: Path) -> None:
+    verdict, reason = decision(make_plan(gemma4_with(tmp_path, "auto"), facts("t4")), "fp32_projection")
+    assert verdict is Decision.ENABLED
+    assert "vLLM's fallback" in reason and "(CC 7.5) has no native BF16" in reason
+    assert "bfloat16 checkpoint (model.checkpoint_dtype) in float16" in reason
+
+
+def test_fp32_projection_with_a_bf16_only_quantization_in_fp16_is_refused_not_fixed(tmp_path: Path) -> None:
+    config = {
+        "architectures": ["Gemma4UnifiedForConditionalGeneration"],
+        "torch_dtype": "bfloat16",
+        "quantization_config": {"quant_method": "mxfp4"},
+    }
+    verdict, reason = decision(
+        make_plan(gemma4_with(tmp_path, "float16", config), facts("h100")), "fp32_projection"
+    )
+    assert verdict is Decision.NOT_NEEDED
+    assert "vLLM refuses float16 for quantization mxfp4" in reason
+
+
 @pytest.mark.parametrize("gpu", ["h20", "h100", "h200"])
 def test_matmul_lora_enabled_on_hopper(gpu: str) -> None:
     plan = plan_for("qwen-lora-hopper", gpu)

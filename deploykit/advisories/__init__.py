@@ -2,6 +2,7 @@
 workaround the plan applies or prints. `deploykit advisories` lists them; docs/advisories.md."""
 
 from deploykit.advisories.catalog import advisories, advisory_ids
+from deploykit.advisories.compute_dtype import ComputeDtype, quantization_method, resolve_compute_dtype
 from deploykit.advisories.evaluate import (
     Advice,
     AdvisoryOutcome,
@@ -16,6 +17,7 @@ from deploykit.advisories.facts import DeploymentFacts, deployment_facts, machin
 __all__ = [
     "Advice",
     "AdvisoryOutcome",
+    "ComputeDtype",
     "DeploymentFacts",
     "FixCall",
     "Verdict",
@@ -26,4 +28,6 @@ __all__ = [
     "judge_all",
     "machine_facts",
     "mode_errors",
+    "quantization_method",
+    "resolve_compute_dtype",
 ]

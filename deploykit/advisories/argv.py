@@ -111,7 +111,8 @@ def _set(argv: list[str], pair: list[str]) -> list[str]:
     aliases = JSON_OPTIONS.get(name, (name,))
     if dot:
         return _set_json_key(argv, aliases, path, pair)
-    negative = "--no-" + name[2:]
+    # `--no-x` replaces `--x` as `--x` replaces `--no-x`.
+    negative = "--" + name[5:] if name.startswith("--no-") else "--no-" + name[2:]
     kept: list[str] = []
     skip = False
     words = [_normal(w) for w in argv]

@@ -16,7 +16,14 @@ from deploykit.advisories import argv as argv_reader
 from deploykit.advisories.catalog import advisories as catalog_advisories
 from deploykit.advisories.facts import DeploymentFacts
 from deploykit.advisories.notes import note_text
-from deploykit.advisories.schema import Advisory, AdvisoryMode, Conditions, IntRange, VllmRange
+from deploykit.advisories.schema import (
+    Advisory,
+    AdvisoryMode,
+    Conditions,
+    IntRange,
+    VersionRange,
+    VllmRange,
+)
 from deploykit.vllm_compat import parse_version
 
 Status = Literal["applies", "does_not_apply", "unknown"]
@@ -113,6 +120,48 @@ def _in_range(name: str, value: int | None, wanted: IntRange, unit: str = "") ->
     return Check(condition=name, met=met, detail=f"{value}{unit} (wanted {bounds})")
 
 
+def _package_version(text: str) -> tuple[int, ...]:
+    """`0.6.16rc5` < `0.6.16` < `0.6.16.post4`: release numbers, then -1 (pre), 0 or 1 (post), its number."""
+    release, stage, number = text, 0, 0
+    for marker, rank in (("rc", -1), ("a", -1), ("b", -1), (".post", 1)):
+        if marker in text:
+            release, _, tail = text.partition(marker)
+            stage, number = rank, int(tail or 0)
+            break
+    parts = [int(p) for p in release.split(".")] + [0] * 4
+    return (*parts[:4], stage, number)
+
+
+def _version_in(name: str, value: str | None, wanted: VersionRange) -> Check:
+    if value is None:
+        return Check(condition=name, met=None, detail="unknown")
+    try:
+        have = _package_version(value)
+    except ValueError:
+        return Check(condition=name, met=None, detail=f"{value} (not a version deploykit compares)")
+    low = wanted.min is None or have >= _package_version(wanted.min)
+    high = wanted.below is None or have < _package_version(wanted.below)
+    span = f"[{wanted.min or '-'}, {wanted.below or '-'})"
+    return Check(condition=name, met=low and high, detail=f"{value} (affected {span})")
+
+
+_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
+
+
+def _same_setting(have: str | None, want: str) -> bool:
+    """vLLM's boolean variables read `1`/`true` alike (envs.py), so those compare as booleans."""
+    if have is None:
+        return False
+    have, want = have.strip().lower(), want.strip().lower()
+    return have == want or any(have in group and want in group for group in (_TRUE, _FALSE))
+
+
+def _env_check(wanted: dict[str, str], env: dict[str, str]) -> Check:
+    seen = ", ".join(f"{key}={env.get(key, '(unset)')}" for key in wanted)
+    met = all(_same_setting(env.get(key), value) for key, value in wanted.items())
+    return Check(condition="env", met=met, detail=seen)
+
+
 def _gpu_checks(when: Conditions, facts: DeploymentFacts) -> list[Check]:
     checks: list[Check] = []
     gpus = facts.gpus
@@ -191,9 +240,17 @@ def conditions_checks(when: Conditions, facts: DeploymentFacts) -> list[Check]:
         ("lora", facts.lora, when.lora),
         ("speculative_decoding", facts.speculative_decoding, when.speculative_decoding),
         ("prefix_caching", facts.prefix_caching, when.prefix_caching),
+        ("async_scheduling", facts.async_scheduling, when.async_scheduling),
+        ("sequence_parallelism", facts.sequence_parallelism, when.sequence_parallelism),
         ("penalties", facts.penalties, when.penalties),
     ]
     checks += [_switch(name, value, wanted) for name, value, wanted in switches if wanted is not None]
+    if when.max_num_seqs is not None:
+        checks.append(_in_range("max_num_seqs", facts.max_num_seqs, when.max_num_seqs))
+    if when.env is not None:
+        checks.append(_env_check(when.env, facts.env))
+    if when.flashinfer_version is not None:
+        checks.append(_version_in("flashinfer_version", facts.flashinfer_version, when.flashinfer_version))
     if when.penalty_table_mib is not None:
         checks.append(_in_range("penalty_table_mib", facts.penalty_table_mib, when.penalty_table_mib, " MiB"))
     return checks

@@ -12,17 +12,15 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from deploykit.advisories import argv as argv_reader
+from deploykit.advisories.compute_dtype import ComputeDtype, quantization_method
 from deploykit.probe.facts import GpuFacts, GpuLink, ProbeFacts
 from deploykit.vllm_compat import parse_version, v1_runner_removed
 
-# vLLM's --dtype spellings → one name each.
-_DTYPE_NAMES = {
-    "half": "float16",
-    "float16": "float16",
-    "bfloat16": "bfloat16",
-    "float": "float32",
-    "float32": "float32",
-}
+# vLLM 0.14.0 turned async scheduling on by default (PR #33352's description).
+ASYNC_SCHEDULING_DEFAULT_SINCE = (0, 14, 0)
+# The FlashInfer each vLLM release pins (its wheel's METADATA: Requires-Dist flashinfer-python==X). The
+# 0.32 CPU build names none, so 0.32's stays unknown unless the facts carry it.
+FLASHINFER_PINNED = {"0.33.0": "0.7.2.post1", "0.34.0": "0.7.3"}
 # vLLM's release notes for 0.11.0: "turns on FULL_AND_PIECEWISE as the CUDA graph mode default".
 FULL_AND_PIECEWISE_DEFAULT_SINCE = (0, 11, 0)
 # vllm/engine/arg_utils.py (0.32) get_batch_defaults, OPENAI_API_SERVER on CUDA: 1024 sequences on GPUs of
@@ -50,6 +48,9 @@ class DeploymentFacts(BaseModel):
     lora: bool | None = None
     speculative_decoding: bool | None = None
     prefix_caching: bool | None = None
+    async_scheduling: bool | None = None
+    sequence_parallelism: bool | None = None
+    flashinfer_version: str | None = None
     penalties: bool | None = None
     model_runner: str | None = None
     max_num_seqs: int | None = None
@@ -74,11 +75,29 @@ def machine_facts(
     used = facts.gpus[: max(gpu_count, 1)]
     return DeploymentFacts(
         vllm_version=vllm_version,
-        platform=platform,
+        platform=facts_platform(facts, platform),
         gpus=used,
         gpu_links=_links_between(facts.gpu_links, used),
         model_runner="v2" if v1_runner_removed(vllm_version) else None,
+        flashinfer_version=flashinfer_version(facts, vllm_version),
     )
+
+
+def facts_platform(facts: ProbeFacts, platform: str) -> str:
+    """`rocm` or `xpu` when the (hand-written) facts say so and the plan is for GPUs; else the plan's."""
+    if platform != "cpu" and facts.platform in ("rocm", "xpu"):
+        return facts.platform
+    return platform
+
+
+def flashinfer_version(facts: ProbeFacts, vllm_version: str | None) -> str | None:
+    """The facts' FlashInfer when they carry one, else the one the target vLLM release pins."""
+    if facts.flashinfer_version:
+        return facts.flashinfer_version
+    parsed = parse_version(vllm_version)
+    if parsed is None:
+        return None
+    return FLASHINFER_PINNED.get(".".join(str(part) for part in parsed[:3]))
 
 
 def deployment_facts(
@@ -91,31 +110,36 @@ def deployment_facts(
     gpu_count: int,
     architectures: list[str],
     checkpoint_dtype: str | None,
+    compute: ComputeDtype,
     model_config: dict[str, Any],
     penalties: bool,
     model_runner: str,
 ) -> DeploymentFacts:
-    """The facts of one planned deployment; serving features come from its argv and env."""
+    """The facts of one planned deployment; serving features come from its argv and env, the compute dtype
+    from the plan's one resolution of it (deploykit.advisories.compute_dtype)."""
     tensor_parallel = int(
         argv_reader.flag_value(argv, "--tensor-parallel-size") or argv_reader.flag_value(argv, "-tp") or 1
     )
     used = facts.gpus[: max(gpu_count, tensor_parallel, 1)]
-    bf16 = all(gpu.bf16_native for gpu in used) if used else None
     eager = bool(argv_reader.flag_switch(argv, "--enforce-eager"))
     compilation = argv_reader.json_option(argv, "--compilation-config")
     backend = (
         argv_reader.flag_value(argv, "--attention-backend") or env.get("VLLM_ATTENTION_BACKEND") or "auto"
     )
     max_num_seqs = argv_reader.flag_value(argv, "--max-num-seqs")
+    enable_sp = compilation.get("pass_config", {})
+    sequence_parallel = isinstance(enable_sp, dict) and bool(
+        enable_sp.get("enable_sp") or enable_sp.get("fuse_gemm_comms")
+    )
     return DeploymentFacts(
         vllm_version=vllm_version,
-        platform=platform,
+        platform=facts_platform(facts, platform),
         gpus=used,
         gpu_links=_links_between(facts.gpu_links, used),
         architectures=architectures or None,
         checkpoint_dtype=checkpoint_dtype,
-        dtype=_effective_dtype(argv_reader.flag_value(argv, "--dtype"), checkpoint_dtype, bf16),
-        quantization=_quantization(argv, model_config),
+        dtype=compute.dtype,
+        quantization=quantization_method(argv, model_config),
         kv_cache_dtype=(argv_reader.flag_value(argv, "--kv-cache-dtype") or "auto").lower(),
         attention_backend=backend if backend == "auto" else backend.upper(),
         cudagraph_mode=_cudagraph_mode(eager, compilation, vllm_version),
@@ -123,6 +147,9 @@ def deployment_facts(
         lora=bool(argv_reader.flag_switch(argv, "--enable-lora")),
         speculative_decoding=argv_reader.flag_value(argv, "--speculative-config") is not None,
         prefix_caching=argv_reader.flag_switch(argv, "--enable-prefix-caching") is not False,
+        async_scheduling=_async_scheduling(argv, vllm_version),
+        sequence_parallelism=sequence_parallel,
+        flashinfer_version=flashinfer_version(facts, vllm_version),
         penalties=penalties,
         model_runner=model_runner,
         max_num_seqs=int(max_num_seqs) if max_num_seqs else _default_max_num_seqs(used, platform),
@@ -138,36 +165,12 @@ def _links_between(links: list[GpuLink] | None, used: list[GpuFacts]) -> list[Gp
     return [link for link in links if set(link.gpus) <= indexes]
 
 
-def _effective_dtype(flag: str | None, checkpoint: str | None, bf16_native: bool | None) -> str | None:
-    """The dtype vLLM computes in: `--dtype` when set, else what `auto` resolves to (vllm/config/model.py
-    _resolve_auto_dtype: the checkpoint's dtype when the GPU supports it, float32 downcast to the platform's
-    first choice, BF16 falling back to FP16 on GPUs without native BF16)."""
-    if flag and flag != "auto":
-        return _DTYPE_NAMES.get(flag, flag)
-    if checkpoint is None or bf16_native is None:
-        return None
-    preferred = "bfloat16" if bf16_native else "float16"
-    if checkpoint == "float32":
-        return preferred
-    if checkpoint == "bfloat16" and not bf16_native:
-        return "float16"
-    return _DTYPE_NAMES.get(checkpoint, checkpoint)
-
-
-def _quantization(argv: list[str], config: dict[str, Any]) -> str | None:
-    """`--quantization` (or `-q`) when set, else the checkpoint's quantization_config (local models only).
-    NVFP4 is named `nvfp4` however the checkpoint spells it (modelopt_fp4, compressed-tensors' format)."""
-    named = argv_reader.flag_value(argv, "--quantization") or argv_reader.flag_value(argv, "-q")
-    if named:
-        return "nvfp4" if named.lower() == "modelopt_fp4" else named.lower()
-    quant = config.get("quantization_config")
-    if not isinstance(quant, dict):
-        return "none" if config else None
-    method = str(quant.get("quant_method", "")).lower()
-    algo = str(quant.get("quant_algo", "")).lower()
-    if method == "modelopt_fp4" or algo == "nvfp4" or "nvfp4" in str(quant.get("format", "")).lower():
-        return "nvfp4"
-    return method or None
+def _async_scheduling(argv: list[str], vllm_version: str | None) -> bool | None:
+    stated = argv_reader.flag_switch(argv, "--async-scheduling")
+    if stated is not None:
+        return stated
+    parsed = parse_version(vllm_version)
+    return None if parsed is None else parsed >= ASYNC_SCHEDULING_DEFAULT_SINCE
 
 
 def _cudagraph_mode(eager: bool, compilation: dict[str, Any], vllm_version: str | None) -> str:

@@ -16,6 +16,7 @@ from deploykit.profile.schema import AdvisoryMode as AdvisoryMode  # the modes a
 
 _ID = r"^[a-z0-9][a-z0-9.-]*$"
 _VERSION = r"^\d+\.\d+(\.\d+)?$"
+_PACKAGE_VERSION = r"^\d+(\.\d+)*((rc|a|b)\d+|\.post\d+)?$"
 
 
 class _Strict(BaseModel):
@@ -57,10 +58,19 @@ class IntRange(_Strict):
     max: int | None = None
 
 
+class VersionRange(_Strict):
+    """A package version range: from `min` (inclusive) up to `below` (exclusive); rc < final < post."""
+
+    min: Annotated[str, Field(pattern=_PACKAGE_VERSION)] | None = None
+    below: Annotated[str, Field(pattern=_PACKAGE_VERSION)] | None = None
+
+
 class Conditions(_Strict):
     """Every field set here must hold (lists: one of). Unset fields are not looked at."""
 
-    platform: Literal["cuda", "cpu"] | None = None
+    platform: Literal["cuda", "rocm", "xpu", "cpu"] | None = Field(
+        default=None, description="the facts' platform (ROCm and XPU: a hand-written --facts file)"
+    )
     gpu_arch: list[str] | None = Field(
         default=None, description="families: volta, turing, ampere, hopper, ..."
     )
@@ -87,6 +97,19 @@ class Conditions(_Strict):
     lora: bool | None = None
     speculative_decoding: bool | None = None
     prefix_caching: bool | None = None
+    async_scheduling: bool | None = Field(
+        default=None, description="--[no-]async-scheduling; on by default since vLLM 0.14.0"
+    )
+    max_num_seqs: IntRange | None = Field(default=None, description="--max-num-seqs, else vLLM's default")
+    env: dict[str, str] | None = Field(
+        default=None, description="environment variables the launch sets to exactly these values"
+    )
+    flashinfer_version: VersionRange | None = Field(
+        default=None, description="the facts' flashinfer_version, else the FlashInfer the target vLLM pins"
+    )
+    sequence_parallelism: bool | None = Field(
+        default=None, description="--compilation-config pass_config.enable_sp or fuse_gemm_comms"
+    )
     penalties: bool | None = None
     model_runner: list[Literal["v1", "v2"]] | None = None
     penalty_table_mib: IntRange | None = Field(

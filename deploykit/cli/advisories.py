@@ -10,10 +10,18 @@ import typer
 from deploykit.cli.options import FactsOption, FormatOption, TableOrJson
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from deploykit.advisories import AdvisoryOutcome, Verdict
 
 
 def advisories(
+    advisory_id: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="[ID]", help="Show one advisory in full: symptom, threads, range, conditions, action."
+        ),
+    ] = None,
     facts: FactsOption = None,
     profile: Annotated[
         str | None,
@@ -24,7 +32,11 @@ def advisories(
     format: FormatOption = TableOrJson.table,
 ) -> None:
     """Known-bad combinations (model, GPU, dtype, feature, vLLM version) and their workarounds; with
-    --facts and/or --profile, which apply and why each does or does not."""
+    --facts and/or --profile, which apply and why each does or does not. A compact table (80 columns when
+    piped); one ID for the whole entry, --format json for every field."""
+    if advisory_id is not None:
+        _show_one(advisory_id, facts, profile, format)
+        return
     if facts is None and profile is None:
         rows = catalog_rows()
     elif profile is not None:
@@ -88,48 +100,146 @@ def machine_rows(facts_file: Any) -> list[dict[str, Any]]:
     return [_row(verdict, None) for verdict in judge_all(deployment)]
 
 
+# Piped or redirected, the compact tables fit this width (a terminal gets its own width).
+PIPED_WIDTH = 80
+_STATUS_STYLE = {"applies": "bold yellow", "does_not_apply": "dim", "unknown": "cyan"}
+
+
+def _console() -> Console:
+    from rich.console import Console  # not at import: `probe --format json` loads this module without rich
+
+    terminal = Console().is_terminal
+    return Console(width=None if terminal else PIPED_WIDTH, highlight=False, soft_wrap=False)
+
+
+def _action_words(action: dict[str, Any]) -> str:
+    if action["kind"] == "fix":
+        return f"fix {action['fix']}"
+    env = " ".join(f"{k}={v}" for k, v in action["env"].items())
+    words = " ".join(p for p in (env, " ".join(action["args"])) if p)
+    return words or "warning only"
+
+
+def _span(vllm: dict[str, Any]) -> str:
+    return f"{vllm['affected_from'] or '…'}–{vllm['fixed_in'] or 'open'}"
+
+
 def _print_table(rows: list[dict[str, Any]], *, judged: bool) -> None:
+    """The compact view: one row per advisory, the columns a person scans; the rest is per id or JSON."""
+    from rich import box
     from rich.markup import escape
     from rich.table import Table
 
-    from deploykit.cli.report import console
-
+    out = _console()
     if not judged:
-        table = Table("advisory", "action", "default", "symptom", "vLLM", "references")
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+        table.add_column("advisory", no_wrap=True)
+        table.add_column("does (default)", overflow="fold")
+        table.add_column("vLLM", no_wrap=True)
         for row in rows:
             action = row["action"]
-            env = " ".join(f"{k}={v}" for k, v in action["env"].items())
-            what = action["fix"] or " ".join(action["args"]) or ("" if env else "warning only")
-            vllm = row["vllm"]
-            span = f"{vllm['affected_from'] or '…'} – {vllm['fixed_in'] or 'open'}"
-            refs = ", ".join(
-                f"{'' if r['repo'] == 'vllm-project/vllm' else r['repo']}#{r['number']}"
-                for r in row["references"]
-            )
             table.add_row(
-                row["id"],
-                " ".join(p for p in (what, env) if p),
-                action["default"],
-                escape(row["symptom"]),
-                span,
-                refs,
+                row["id"], escape(f"{_action_words(action)} ({action['default']})"), _span(row["vllm"])
             )
-        console.print(table)
+        out.print(table)
+        out.print(
+            f"{len(rows)} advisories. `deploykit advisories ID`: one in full; --format json: all fields."
+        )
         return
-    table = Table("advisory", "status", "outcome", "why", "references")
-    style = {"applies": "bold yellow", "does_not_apply": "dim", "unknown": "cyan"}
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table.add_column("advisory", no_wrap=True)
+    table.add_column("status", no_wrap=True)
+    table.add_column("outcome / why", overflow="fold")
     for row in rows:
+        status = row["status"]
         outcome = row.get("outcome", "")
         if outcome and row.get("change"):
             outcome += f": {row['change']}"
-        table.add_row(
-            row["id"],
-            f"[{style[row['status']]}]{row['status'].replace('_', ' ')}[/]",
-            escape(outcome) or "-",
-            escape(row["why"]),
-            ", ".join(ref.split(" ", 1)[0] for ref in row["references"]),
-        )
-    console.print(table)
+        text = outcome if status == "applies" and outcome else row["why"]
+        label = {"applies": "applies", "does_not_apply": "no", "unknown": "unknown"}[status]
+        table.add_row(row["id"], f"[{_STATUS_STYLE[status]}]{label}[/]", escape(text))
+    out.print(table)
+    applies = sum(1 for row in rows if row["status"] == "applies")
+    out.print(f"{applies} of {len(rows)} apply. `deploykit advisories ID ...` for one in full.")
+
+
+def _show_one(advisory_id: str, facts_file: Any, profile: str | None, format: TableOrJson) -> None:
+    """One advisory: every field of its entry, and its verdict when --facts/--profile are given."""
+    from deploykit.advisories import advisory_ids
+    from deploykit.cli.options import fail
+
+    if advisory_id not in advisory_ids():
+        fail(f"no advisory has the id {advisory_id!r}: `deploykit advisories` lists them")
+    entry = next(row for row in catalog_rows() if row["id"] == advisory_id)
+    verdict: dict[str, Any] | None = None
+    if facts_file is not None or profile is not None:
+        rows = profile_rows(profile, facts_file) if profile is not None else machine_rows(facts_file)
+        verdict = next(row for row in rows if row["id"] == advisory_id)
+    if format is TableOrJson.json:
+        import json
+
+        typer.echo(json.dumps({**entry, **({"verdict": verdict} if verdict else {})}, indent=2))
+        return
+    _print_entry(entry, verdict)
+
+
+def _condition_text(value: Any) -> str:
+    """A condition as a person reads it: `one of a, b`, `2..2`, `VAR=1`, `on`."""
+    if isinstance(value, list):
+        return ", ".join(str(v) for v in value)
+    if isinstance(value, dict) and set(value) <= {"min", "max", "below"}:
+        low = value.get("min")
+        high = value.get("max", value.get("below"))
+        upper = "" if high is None else (f" and < {high}" if "below" in value else f" and <= {high}")
+        return (f">= {low}" if low is not None else "any") + upper
+    if isinstance(value, dict):
+        return " ".join(f"{k}={v}" for k, v in value.items())
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def _print_entry(entry: dict[str, Any], verdict: dict[str, Any] | None) -> None:
+    import textwrap
+
+    out = _console()
+    width = min(out.width, 100)
+
+    def para(label: str, text: str) -> None:
+        lines = textwrap.wrap(text, width=width - 2, initial_indent="", subsequent_indent="")
+        out.print(f"{label}:", highlight=False, markup=False)
+        for line in lines or ["-"]:
+            out.print(f"  {line}", highlight=False, markup=False)
+
+    vllm = entry["vllm"]
+    action = entry["action"]
+    out.print(f"{entry['id']}: {entry['title']}", markup=False)
+    para("symptom", entry["symptom"])
+    out.print("references:", markup=False)
+    for ref in entry["references"]:
+        label = f"{'' if ref['repo'] == 'vllm-project/vllm' else ref['repo']}#{ref['number']}"
+        path = "pull" if ref["kind"] == "pr" else "issues"
+        out.print(f"  {label} https://github.com/{ref['repo']}/{path}/{ref['number']}", markup=False)
+        for line in textwrap.wrap(ref["note"], width=width - 4):
+            out.print(f"    {line}", markup=False)
+    para("vLLM", f"{_span(vllm)}. {vllm['evidence']}")
+    conditions = [
+        f"{key} {_condition_text(value)}" for key, value in entry["when"].items() if value is not None
+    ]
+    groups = [
+        " and ".join(f"{k} {_condition_text(v)}" for k, v in group.items() if v is not None)
+        for group in entry["any_of"]
+    ]
+    if groups:
+        conditions.append("any of: " + " | ".join(groups))
+    para("when", "; ".join(conditions) or "decided by the fix's own rule")
+    para(
+        "action", f"{action['kind']}: {_action_words(action)} (default {action['default']}). {action['why']}"
+    )
+    if verdict is not None:
+        para("here", f"{verdict['status']}: {verdict['why']}")
+        if verdict.get("outcome"):
+            para("plan", f"{verdict['outcome']}: {verdict.get('change') or verdict.get('detail') or ''}")
 
 
 def register(app: typer.Typer) -> None:

@@ -78,6 +78,13 @@ class DecisionInputs(BaseModel):
     penalties_expected: bool = False
     model_runner: str = Field(default="auto", description="auto, v1 or v2: the profile's runner choice")
     platform: str = Field(default="cuda", description="cuda or cpu: which vLLM build the deployment runs")
+    compute_dtype: str | None = Field(
+        default=None, description="float16, bfloat16 or float32: what the engine computes in (None: unknown)"
+    )
+    compute_dtype_source: str = Field(default="", description="where compute_dtype comes from, in one line")
+    compute_dtype_refused: str | None = Field(
+        default=None, description="why vLLM would refuse this dtype at start-up (quantization, model type)"
+    )
 
 
 def target_missing(target: str, what: str) -> TargetCheck:

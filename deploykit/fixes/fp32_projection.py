@@ -1,7 +1,10 @@
-"""FP32 projection fix: Gemma4 Unified's vision `patch_dense` + `patch_ln2` in FP32 when the GPU lacks BF16.
+"""FP32 projection fix: Gemma4 Unified's vision `patch_dense` + `patch_ln2` in FP32 when the engine computes
+in FP16.
 
-A BF16 checkpoint served in FP16 (e.g. on CC 7.5) overflows 65504 in one output channel of the vision
-embedder's `patch_dense`; `patch_ln2` turns every such row into NaN and the model emits token 0 forever.
+The overflow is FP16 arithmetic, whatever GPU runs it: a checkpoint served in FP16 (`--dtype float16`, an
+FP16 checkpoint such as an AWQ export under `--dtype auto`, or vLLM's fallback for BF16 on CC < 8.0)
+overflows 65504 in one output channel of the vision embedder's `patch_dense`; `patch_ln2` turns every
+such row into NaN and the model emits token 0 forever.
 The cure keeps only those two layers in FP32: the input is promoted before `patch_dense` and the result
 demoted to the model dtype after `patch_ln2`. See docs/fixes/fp32-projection.md.
 
@@ -35,7 +38,7 @@ if TYPE_CHECKING:
     from deploykit.trace_records import HeaderLine, ModuleLine
 
 NAME = "fp32_projection"
-SUMMARY = "Gemma4 Unified vision projection + LayerNorm in FP32 on GPUs without native BF16"
+SUMMARY = "Gemma4 Unified vision projection + LayerNorm in FP32 when the engine computes in FP16"
 PATCHES = "vllm.model_executor.models.gemma4_unified: vision embedder patch_dense / patch_ln2"
 ARCHITECTURES = ("Gemma4UnifiedForConditionalGeneration",)
 
@@ -77,25 +80,22 @@ def decide(inputs: DecisionInputs, mode: FixMode) -> FixDecision:
         return result(Decision.ENABLED, "forced on by the profile")
     if not is_gemma4_unified:
         return result(Decision.NOT_NEEDED, "the model is not a Gemma4 Unified (encoder-free vision embedder)")
-    dtype = (inputs.checkpoint_dtype or "").lower()
-    if dtype not in ("bfloat16", "bf16"):
-        return result(Decision.NOT_NEEDED, f"checkpoint dtype is {dtype or 'unknown'}, not bfloat16")
-    if inputs.platform == "cpu":
-        return result(Decision.NOT_NEEDED, "the CPU build computes bfloat16 natively")
-    if not inputs.gpus:
-        return result(Decision.NOT_NEEDED, "no GPU facts: cannot tell whether BF16 is native")
-    lacking = [g for g in inputs.gpus if not g.bf16_native]
-    if not lacking:
-        gpu = inputs.gpus[0]
+    dtype, source = inputs.compute_dtype, inputs.compute_dtype_source
+    if dtype is None:
         return result(
             Decision.NOT_NEEDED,
-            f"{gpu.name} (CC {gpu.compute_capability}) has native BF16, so no FP16 fallback happens",
+            f"compute dtype unknown ({source}): state model.checkpoint_dtype or serve.dtype to decide",
         )
-    gpu = lacking[0]
+    if inputs.compute_dtype_refused:
+        return result(
+            Decision.NOT_NEEDED,
+            f"{dtype} compute ({source}), which vLLM refuses: {inputs.compute_dtype_refused}",
+        )
+    if dtype != "float16":
+        return result(Decision.NOT_NEEDED, f"{dtype} compute ({source}): no FP16 arithmetic to overflow")
     return result(
         Decision.ENABLED,
-        f"bfloat16 checkpoint on {gpu.name} (CC {gpu.compute_capability} < 8.0, no native BF16): "
-        "vLLM falls back to FP16 and patch_dense overflows 65504",
+        f"float16 compute ({source}): patch_dense passes 65504 in FP16 on any GPU, patch_ln2 makes it NaN",
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from deploykit.probe.nvml_reader import FACTS_SCHEMA_VERSION as SCHEMA_VERSION
@@ -59,6 +61,16 @@ class ProbeFacts(BaseModel):
     nvml_version: str | None = None
     vllm_version: str | None = None
     torch_version: str | None = None
+    platform: Literal["cuda", "rocm", "xpu"] | None = Field(
+        default=None,
+        description="the GPUs' platform; null means CUDA (what NVML probes). ROCm and XPU hosts are planned "
+        "for with a hand-written --facts file that says so (docs/advisories.md)",
+    )
+    flashinfer_version: str | None = Field(
+        default=None,
+        description="the FlashInfer installed beside vLLM, when known (hand-written); null: the one the "
+        "target vLLM release pins",
+    )
     gpus: list[GpuFacts] = Field(default_factory=list)
     gpu_links: list[GpuLink] | None = Field(
         default=None, description="every pair of GPUs; null in facts saved before deploykit probed links"

@@ -191,6 +191,8 @@ def read_probe_document(
         "nvml_version": None,
         "vllm_version": installed_vllm_version(package_version),
         "torch_version": package_version("torch"),
+        "platform": None,  # NVML sees CUDA GPUs only; ROCm/XPU facts are written by hand
+        "flashinfer_version": package_version("flashinfer-python"),
         "gpus": gpus,
         "gpu_links": [],
         "error": None,

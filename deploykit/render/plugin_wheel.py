@@ -37,6 +37,9 @@ MAX_WHEEL_BYTES = 320 * 1024
 # 1980-01-01, the earliest time a zip member can carry: no build clock in the bytes.
 _ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 _PACKAGE_SUFFIXES = (".py", ".typed")
+# What the pod runs: the plugin, the canary, the smoke and the probes read the shipped profiles; nothing in
+# the pod renders, so the templates stay out (17 KiB of a wheel that must fit a Helm release).
+POD_DATA = tuple(name for name in SHIPPED_DATA if name != "templates")
 
 
 class PluginWheel(BaseModel):
@@ -61,7 +64,7 @@ def _package_files(package_dir: Path) -> Iterator[tuple[str, bytes]]:
         code = path.suffix in _PACKAGE_SUFFIXES and relative.parts[0] != "_data"
         if path.is_file() and code and "__pycache__" not in relative.parts:
             yield f"deploykit/{relative.as_posix()}", path.read_bytes()
-    for name in SHIPPED_DATA:
+    for name in POD_DATA:
         folder = shipped_data_dir(name, package_dir)
         if folder is None:
             raise RenderError(
@@ -95,6 +98,9 @@ def _dist_info_files(version: str) -> list[tuple[str, bytes]]:
     # A .dist-info has METADATA; the .egg-info an editable install leaves in a checkout (first on sys.path
     # when Python runs there) has the same headers as PKG-INFO. Without a Name, importlib.metadata breaks.
     core = installed.read_text("METADATA") or installed.read_text("PKG-INFO") or ""
+    # The headers alone: the long description (the README) after the first blank line is for an index page,
+    # and the pod reads only Name, Version and Requires-Dist.
+    core = core.split("\n\n", 1)[0].rstrip("\n") + "\n"
     if f"\nName: {DISTRIBUTION}\n" not in f"\n{core}":
         raise RenderError(f"{DISTRIBUTION}'s installed metadata names no distribution; reinstall it")
     info = f"{DISTRIBUTION.replace('-', '_')}-{version}.dist-info"

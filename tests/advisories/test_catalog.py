@@ -33,6 +33,7 @@ def test_at_least_ten_real_advisories_and_the_three_fixes() -> None:
 
     assert fixes == set(FIX_NAMES)
     assert len(others) >= 10
+    assert len(CATALOG) >= 22  # issue 35: ten more from the tracker's newest threads
 
 
 @pytest.mark.parametrize("advisory", CATALOG, ids=lambda a: a.id)
@@ -64,6 +65,14 @@ def test_workaround_flags_and_env_exist_in_the_vllm_it_targets(advisory: Advisor
         flags, env = known_serve_flags(release), known_env_vars(release)
         assert set(advisory.action.flags) <= flags, (release, advisory.action.flags)
         assert set(advisory.action.env) <= env, (release, advisory.action.env)
+
+
+@pytest.mark.parametrize("advisory", [a for a in CATALOG if a.when.env], ids=lambda a: a.id)
+def test_condition_env_vars_exist_in_the_vllm_it_targets(advisory: Advisory) -> None:
+    """A condition on a variable vLLM does not read would never describe a real launch."""
+    assert advisory.when.env
+    for release in _releases_covered(advisory):
+        assert set(advisory.when.env) <= known_env_vars(release), (release, advisory.when.env)
 
 
 def test_the_flag_check_can_fail() -> None:

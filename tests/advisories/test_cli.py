@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from deploykit.cli.app import app
 from deploykit.profile.load import list_profile_paths
-from tests.advisories.conftest import FACTS_DIR
+from tests.advisories.conftest import FACTS_DIR, HAND_FACTS_DIR
 from tests.cli.test_imports import DEPLOYKIT, heavy, imported_modules
 
 runner = CliRunner()
@@ -23,6 +23,7 @@ HOPPER = {"h100", "h100x8", "h20", "h200"}
 
 # What applies, by hand: (facts, profile) → advisory ids. Every pair not listed: nothing applies.
 #   gemma4-turing: a BF16 Gemma4 Unified checkpoint: fp32_projection on GPUs without native BF16.
+#   demo-gemma4-fp16: the same model with serve.dtype float16: fp32_projection on every machine.
 #   qwen-lora-hopper: LoRA: matmul_lora on Hopper, and on the CPU build (no-gpu: vLLM 0.32.0+cpu), whose
 #   LoRA path the fix also corrects (slot -1 read as the last adapter; docs/status.md).
 #   penalties-high-concurrency: penalties on the V1 runner it selects: device_penalties on every machine,
@@ -38,6 +39,7 @@ EXPECTED: dict[tuple[str, str], set[str]] = {
     **{(facts, "qwen-lora-hopper"): {"v2-penalty-table"} for facts in CUDA},
     **{(facts, "qwen-lora-hopper"): {"matmul-lora", "v2-penalty-table"} for facts in HOPPER},
     ("no-gpu", "qwen-lora-hopper"): {"matmul-lora"},
+    **{(facts, "demo-gemma4-fp16"): {"fp32-projection"} for facts in FACTS},
     **{(facts, "penalties-high-concurrency"): {"device-penalties"} for facts in FACTS},
 }
 
@@ -100,6 +102,52 @@ def test_the_table_for_people() -> None:
 
     assert result.exit_code == 0, result.output
     assert "matmul-lora" in result.stdout and "applies" in result.stdout
+
+
+def _widest(text: str) -> int:
+    return max(len(line) for line in text.splitlines())
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [],
+        ["--facts", str(FACTS_DIR / "h100.json")],
+        ["--facts", str(FACTS_DIR / "h100.json"), "-p", "qwen-lora-hopper"],
+        ["hybrid-mtp-prefix-cache-async"],
+        ["rocm-aiter-custom-ar-gfx942", "--facts", str(HAND_FACTS_DIR / "mi325x-x8.json")],
+    ],
+    ids=["catalog", "facts", "facts+profile", "one", "one+facts"],
+)
+def test_piped_output_fits_80_columns(args: list[str]) -> None:
+    """Issue 35: the catalog table was 175 columns wide when piped."""
+    result = runner.invoke(app, ["advisories", *args])
+
+    assert result.exit_code == 0, result.output
+    assert _widest(result.stdout) <= 80, result.stdout
+    # nothing is cut: every id appears whole in the lists
+    if not args or args[0].startswith("--"):
+        for advisory in _run():
+            assert str(advisory["id"]) in result.stdout
+
+
+def test_one_advisory_in_full() -> None:
+    result = runner.invoke(app, ["advisories", "batch-invariant-co-resident"])
+
+    assert result.exit_code == 0, result.output
+    assert "https://github.com/vllm-project/vllm/issues/51187" in result.stdout
+    assert "env VLLM_BATCH_INVARIANT=1" in result.stdout and "max_num_seqs >= 9" in result.stdout
+    as_json = json.loads(
+        runner.invoke(app, ["advisories", "batch-invariant-co-resident", "-f", "json"]).stdout
+    )
+    assert as_json["id"] == "batch-invariant-co-resident" and as_json["references"][0]["number"] == 51187
+
+
+def test_an_unknown_id_is_one_line() -> None:
+    result = runner.invoke(app, ["advisories", "no-such-advisory"])
+
+    assert result.exit_code == 2
+    assert "no advisory has the id 'no-such-advisory'" in result.output
 
 
 def test_advisories_imports_neither_torch_nor_vllm_and_is_fast() -> None:

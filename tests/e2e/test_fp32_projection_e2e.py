@@ -3,6 +3,9 @@
 Two servers (the budget allows three): without the fix the image's embeddings are NaN, every logit is
 NaN and greedy decoding emits token id 0 behind HTTP 200, as in the field report; with
 DEPLOYKIT_FIXES=fp32_projection the same request yields finite logprobs and ordinary tokens.
+Both launches are the plans `deploykit plan` makes for a `serve.dtype: float16` profile against recorded
+GPU facts (issue 35): the same fix and environment whatever the GPU, T4, A100 or H100, because the engine
+computes in FP16 on all of them; the server without the fix runs the same plan with the fix turned off.
 The checkpoint is tiny and built here (tests/e2e/gemma4_models.py); see that module for torchvision.
 """
 
@@ -17,8 +20,11 @@ from typing import Any
 
 import pytest
 
+from deploykit.plan import Plan, make_plan
+from deploykit.probe.load import load_facts
+from deploykit.profile.load import load_profile
 from tests.e2e.gemma4_models import tiny_gemma4_unified_dir, torchvision_server_env
-from tests.vllm_harness import RunningServer, running_vllm
+from tests.vllm_harness import REPO, RunningServer, running_vllm
 
 pytestmark = pytest.mark.e2e
 
@@ -47,23 +53,70 @@ def fp16_serve_args(model: Path) -> list[str]:
     ]
 
 
+FACTS_DIR = REPO / "tests" / "fixtures" / "facts"
+GPU_FACTS = ("t4", "a100", "h100")  # no native BF16, and two that have it
+
+
 @pytest.fixture(scope="module")
 def gemma4_model() -> Path:
     return tiny_gemma4_unified_dir()
 
 
+def fp16_plan(model: Path, facts: str, folder: Path, fix_mode: str = "auto") -> Plan:
+    """`deploykit plan` for the tiny model with serve.dtype float16 on recorded GPU facts (a CUDA profile:
+    the facts decide as they would on that GPU); the checkpoint dtype comes from its config.json."""
+    args = fp16_serve_args(model)
+    extra = args[args.index("--limit-mm-per-prompt") : args.index("--max-num-seqs")]
+    profile = folder / f"fp16-{facts}-{fix_mode}.yaml"
+    profile.write_text(
+        "name: gemma4-fp16-e2e\n"
+        "vllm_version: 0.32.0\n"
+        f"model: {{source: {model}, served_name: {SERVED_NAME}}}\n"
+        "serve:\n  dtype: float16\n  max_model_len: 256\n  enforce_eager: true\n"
+        "  kv_cache_memory_bytes: 64M\n  generation_config: vllm\n  max_num_seqs: 4\n"
+        f"  extra_args: {extra!r}\n"
+        f'fixes: {{fp32_projection: "{fix_mode}"}}\n'
+    )
+    return make_plan(load_profile(str(profile)), load_facts(str(FACTS_DIR / f"{facts}.json")))
+
+
+def planned_launch(plan: Plan) -> tuple[list[str], dict[str, str]]:
+    """The plan's `vllm serve` arguments (the harness adds host and port) and the environment it sets."""
+    assert plan.argv[:2] == ["vllm", "serve"] and not plan.errors, plan.errors
+    return plan.argv[2:], {**torchvision_server_env(), **plan.env}
+
+
+def test_every_gpus_plan_enables_the_fix_with_the_same_launch(gemma4_model: Path, tmp_path: Path) -> None:
+    """So the one server below stands for each of them."""
+    plans = {facts: fp16_plan(gemma4_model, facts, tmp_path) for facts in GPU_FACTS}
+    for facts, plan in plans.items():
+        [decision] = [f for f in plan.fixes if f.name == "fp32_projection"]
+        assert decision.decision.value == "enabled", (facts, decision.reason)
+        assert "float16 compute (serve.dtype float16" in decision.reason
+    launches = {facts: planned_launch(plan) for facts, plan in plans.items()}
+    assert len({repr(launch) for launch in launches.values()}) == 1
+    args, env = launches["h100"]
+    assert env["DEPLOYKIT_FIXES"] == "fp32_projection"
+    assert args[args.index("--dtype") + 1] == "float16"
+
+
 @pytest.fixture(scope="module")
-def server_without_fix(gemma4_model: Path) -> Iterator[RunningServer]:
-    with running_vllm(
-        fp16_serve_args(gemma4_model), served_name=SERVED_NAME, env=torchvision_server_env()
-    ) as s:
+def server_without_fix(
+    gemma4_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningServer]:
+    plan = fp16_plan(gemma4_model, "h100", tmp_path_factory.mktemp("plans"), fix_mode="off")
+    args, env = planned_launch(plan)
+    assert "DEPLOYKIT_FIXES" not in env
+    with running_vllm(args, served_name=SERVED_NAME, env=env) as s:
         yield s
 
 
 @pytest.fixture(scope="module")
-def server_with_fix(gemma4_model: Path) -> Iterator[RunningServer]:
-    env = {**torchvision_server_env(), "DEPLOYKIT_FIXES": "fp32_projection"}
-    with running_vllm(fp16_serve_args(gemma4_model), served_name=SERVED_NAME, env=env) as server:
+def server_with_fix(gemma4_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    # The A100's plan: native BF16, where the rule before issue 35 said "not needed".
+    args, env = planned_launch(fp16_plan(gemma4_model, "a100", tmp_path_factory.mktemp("plans")))
+    assert env["DEPLOYKIT_FIXES"] == "fp32_projection"
+    with running_vllm(args, served_name=SERVED_NAME, env=env) as server:
         yield server
 
 

