@@ -61,7 +61,11 @@ class LedgerRefused(OSError):
     """The ledger directory or file is not root's own regular file: nothing there is read or written."""
 
 
-def restart_verdict(env: Mapping[str, str], codes: Sequence[int] = (CORRUPT,)) -> bool:
+# The canary's exit statuses that restart the server, under one cap: corruption, and a hung engine.
+RESTART_EXIT_STATUSES: tuple[int, ...] = (CORRUPT, HUNG)
+
+
+def restart_verdict(env: Mapping[str, str], codes: Sequence[int] = RESTART_EXIT_STATUSES) -> bool:
     """Did the canary exit (not get killed) with one of the statuses that restart the server?"""
     return env.get("EXIT_CODE") == "exited" and env.get("EXIT_STATUS") in {str(code) for code in codes}
 
@@ -242,8 +246,8 @@ def main(
         type=int,
         action="append",
         help=(
-            f"a canary exit status that restarts the server (repeatable; default {CORRUPT}, corruption; "
-            f"{HUNG} is a hung engine)"
+            f"a canary exit status that restarts the server (repeatable; default {CORRUPT}, corruption, "
+            f"and {HUNG}, a hung engine)"
         ),
     )
     parser.add_argument("--ledger-dir", type=Path, help="root's own directory for the restart ledger")
@@ -264,8 +268,10 @@ def main(
         parser.error("--restart UNIT is required")
     env = os.environ if env is None else env
     ended = f"{env.get('EXIT_CODE', '?')} {env.get('EXIT_STATUS', '?')}"
-    if not restart_verdict(env, args.exit_status or [CORRUPT]):
-        print(f"canary ended ({ended}): not a corruption or hung verdict, {args.restart} left alone")
+    if not restart_verdict(env, args.exit_status or RESTART_EXIT_STATUSES):
+        print(
+            f"canary ended ({ended}): not a corruption verdict (nor a hung engine): {args.restart} left alone"
+        )
         return 0
     what = "the engine is hung" if env.get("EXIT_STATUS") == str(HUNG) else "the output is corrupt"
     if args.ledger_dir is None:  # no ledger: no cap

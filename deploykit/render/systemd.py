@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
-from deploykit import exit_codes, net
+from deploykit import net
 from deploykit.canary import defaults as canary_defaults
 from deploykit.plugin_contract import ENTRY_POINT, ENTRY_POINT_NAME
 from deploykit.render import escape
@@ -24,7 +24,7 @@ from deploykit.render.common import (
     jinja_environment,
     plain_env,
 )
-from deploykit.render.on_corruption import LEDGER_DIR
+from deploykit.render.on_corruption import LEDGER_DIR, RESTART_EXIT_STATUSES
 
 if TYPE_CHECKING:
     from deploykit.plan import Plan
@@ -45,7 +45,7 @@ CORRUPTION_MAX_RESTARTS = canary_defaults.MAX_RESTARTS_PER_HOUR
 CORRUPTION_WINDOW_S = int(canary_defaults.RESTART_WINDOW_S)
 # The canary's exit statuses that restart the server (through on_corruption, under the cap) and that must
 # not restart the canary by itself: one list, read by both lines of the canary unit.
-SERVER_RESTART_EXIT_STATUSES: tuple[int, ...] = (exit_codes.CORRUPT, exit_codes.HUNG)
+SERVER_RESTART_EXIT_STATUSES: tuple[int, ...] = RESTART_EXIT_STATUSES
 
 
 class SystemdOptions(BaseModel):

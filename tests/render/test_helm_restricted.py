@@ -92,6 +92,7 @@ def chart(tmp_path_factory: pytest.TempPathFactory, turing_facts: Path) -> Chart
     return render_chart(profile, turing_facts, directory / "out")
 
 
+@pytest.mark.external_tool  # helm template
 @pytest.mark.parametrize(
     "options",
     [(), OPENSHIFT, ARBITRARY_UID, INDEX_SOURCE, URL_SOURCE, ("--set", "plugin.source=image")],
@@ -110,6 +111,7 @@ def test_no_template_hard_codes_a_uid(chart: Chart) -> None:
             assert "runAsUser" not in path.read_text(), path
 
 
+@pytest.mark.external_tool  # helm template
 def test_openshift_values_leave_the_uid_to_the_namespace(chart: Chart) -> None:
     for name, spec in pods(template(chart.root, *OPENSHIFT)).items():
         context = spec["securityContext"]
@@ -119,6 +121,7 @@ def test_openshift_values_leave_the_uid_to_the_namespace(chart: Chart) -> None:
         assert spec["securityContext"]["runAsUser"] == 1000770000
 
 
+@pytest.mark.external_tool  # helm template
 def test_vllm_has_a_writable_home_and_cache(chart: Chart) -> None:
     spec = pods(chart.manifests)["Deployment/demo"]
     vllm = next(c for c in spec["containers"] if c["name"] == "vllm")

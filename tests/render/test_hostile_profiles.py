@@ -158,6 +158,7 @@ def test_printable_payloads_render_systemd_without_injection(
     assert problems == [], report
 
 
+@pytest.mark.external_tool  # helm template
 @pytest.mark.parametrize("payload", [p for p in PAYLOADS if p not in CONTROL])
 @pytest.mark.parametrize("field", FIELDS)
 def test_printable_payloads_render_helm_without_injection(

@@ -76,7 +76,8 @@ def test_only_exit_3_restarts_the_server(turing_render: tuple[Path, dict[str, An
     argv = split_command_line(post[1:])
     assert argv[1:] == [
         # -I: root runs it in the service user's state directory, which must never reach sys.path
-        *("-I", "-m", "deploykit.render.on_corruption", "--restart", f"{UNIT}.service", "--exit-status", "3"),
+        *("-I", "-m", "deploykit.render.on_corruption", "--restart", f"{UNIT}.service"),
+        *("--exit-status", "3", "--exit-status", "5"),  # corruption, a hung engine (issue 31)
         *("--ledger-dir", LEDGER_DIR, "--state-dir", f"/var/lib/{UNIT}"),
         *("--max-restarts", "3", "--window-s", "3600"),
         *("--profile", "gemma4-turing"),
