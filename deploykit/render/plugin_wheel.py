@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import json
 import zipfile
 from collections.abc import Iterator
 from importlib import metadata
@@ -37,9 +38,31 @@ MAX_WHEEL_BYTES = 320 * 1024
 # 1980-01-01, the earliest time a zip member can carry: no build clock in the bytes.
 _ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 _PACKAGE_SUFFIXES = (".py", ".typed")
-# What the pod runs: the plugin, the canary, the smoke and the probes read the shipped profiles; nothing in
-# the pod renders, so the templates stay out (17 KiB of a wheel that must fit a Helm release).
+# What the pod runs: the plugin, the canary, the smoke (it plans, to know the fixes to expect) and the exec
+# probes. Nothing in the pod renders or traces, so the templates, render's modules but the probe, and
+# trace/ stay out of a wheel that must fit a Helm release (MAX_WHEEL_BYTES).
 POD_DATA = tuple(name for name in SHIPPED_DATA if name != "templates")
+_POD_RENDER_MODULES = {"__init__.py", "pod_probe.py"}
+_LEFT_OUT_PACKAGES = {"trace"}
+# The release tables (deploykit.vllm_tables) go in without their option tables: the pod's plan needs each
+# release's env vars and source facts, never its `vllm serve` parser (argv is checked where render runs).
+_TABLES_DIR = "vllm_tables"
+_POD_TABLE_DROPS = ("option_table",)
+
+
+def _runs_in_the_pod(relative: Path) -> bool:
+    parts = relative.parts
+    if parts[0] in _LEFT_OUT_PACKAGES:
+        return False
+    return not (parts[0] == "render" and parts[-1] not in _POD_RENDER_MODULES)
+
+
+def _pod_table(path: Path) -> bytes:
+    """A release table as the pod reads it: the same keys but the option table, in a stable form."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    for key in _POD_TABLE_DROPS:
+        data.pop(key, None)
+    return (json.dumps(data, sort_keys=True, indent=1) + "\n").encode()
 
 
 class PluginWheel(BaseModel):
@@ -61,9 +84,12 @@ def _package_files(package_dir: Path) -> Iterator[tuple[str, bytes]]:
     """The import package's code, and its shipped data as `deploykit/_data/...` (as setup.py lays it)."""
     for path in sorted(package_dir.rglob("*")):
         relative = path.relative_to(package_dir)
-        code = path.suffix in _PACKAGE_SUFFIXES and relative.parts[0] != "_data"
-        if path.is_file() and code and "__pycache__" not in relative.parts:
+        if not path.is_file() or "__pycache__" in relative.parts or not _runs_in_the_pod(relative):
+            continue
+        if path.suffix in _PACKAGE_SUFFIXES and relative.parts[0] != "_data":
             yield f"deploykit/{relative.as_posix()}", path.read_bytes()
+        elif relative.parts[0] == _TABLES_DIR and path.suffix == ".json":
+            yield f"deploykit/{relative.as_posix()}", _pod_table(path)
     for name in POD_DATA:
         folder = shipped_data_dir(name, package_dir)
         if folder is None:

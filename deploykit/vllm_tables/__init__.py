@@ -85,8 +85,11 @@ def shipped_release(version: str | None) -> dict[str, Any] | None:
 
 
 def shipped_option_table(version: str | None) -> dict[str, Any] | None:
+    """None too where the table is not carried: the chart's plugin wheel leaves option tables out
+    (deploykit.render.plugin_wheel), and nothing in a pod checks an argv."""
     data = shipped_release(version)
-    return None if data is None else dict(data["option_table"])
+    table = None if data is None else data.get("option_table")
+    return None if table is None else dict(table)
 
 
 def shipped_env_vars(version: str | None) -> frozenset[str] | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import json
 import zipfile
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from deploykit import DISTRIBUTION, __version__
 from deploykit.render import plugin_wheel
 from deploykit.render.common import RenderError
 from deploykit.render.plugin_wheel import build_plugin_wheel, wheel_filename
+from deploykit.vllm_tables import SUPPORTED_VLLM_RELEASES
 
 
 def test_the_same_code_gives_the_same_bytes() -> None:
@@ -30,6 +32,14 @@ def test_the_wheel_holds_the_package_its_data_and_its_entry_point() -> None:
         assert package <= names
         assert any(n.startswith("deploykit/_data/profiles/") for n in names)
         assert not any(n.startswith("deploykit/_data/templates/") for n in names)  # nothing in a pod renders
+        left_out = {"deploykit/render/helm.py", "deploykit/render/systemd.py", "deploykit/trace/run.py"}
+        assert not names & left_out
+        # Every release table rides along (the pod's smoke plans), without the argv parser it never uses.
+        tables = sorted(n for n in names if n.startswith("deploykit/vllm_tables/vllm-"))
+        assert tables == [f"deploykit/vllm_tables/vllm-{r}.json" for r in SUPPORTED_VLLM_RELEASES]
+        for name in tables:
+            table = json.loads(archive.read(name))
+            assert "option_table" not in table and table["env_vars"] and "source_facts" in table
         assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
         assert "deploykit.vllm_plugin.entry:register" in archive.read(f"{info}/entry_points.txt").decode()
         core = archive.read(f"{info}/METADATA").decode()
