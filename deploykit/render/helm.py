@@ -221,9 +221,10 @@ def canary_values() -> dict[str, Any]:
 
     The canary writes its verdict to a file on a shared emptyDir; vLLM's readiness and liveness are exec
     probes in the vLLM container (`python3 -m deploykit.render.pod_probe`) that ask vLLM's own /health
-    and read that file. A missing, crash-looping or hung canary leaves no fresh verdict, so it can never
-    fail vLLM's liveness; a fresh `corrupt` verdict fails both (out of the Service within ~30 s, vLLM
-    restarted after ~60 s), an `unreachable` one only readiness."""
+    and read that file. A missing or stuck canary leaves no fresh verdict, so it can never fail vLLM's
+    liveness; a fresh `corrupt` or `hung` verdict fails both (out of the Service within ~30 s, vLLM
+    restarted after ~60 s), an `unreachable` or `unknown` one (a canary that stopped or crashed) only
+    readiness."""
     return {
         "enabled": True,
         "image": "",
