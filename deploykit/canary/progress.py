@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -78,7 +77,8 @@ class ProgressWatch:
             self.queued_since = now
 
     def forget(self) -> None:
-        """A read failed, or the server restarted: what was seen says nothing about the engine now."""
+        """The server restarted: what was seen says nothing about the engine now. (A read that fails is
+        no reading at all: the last good one stands, since the counters only grow within one process.)"""
         self.last_tokens = self.advanced_at = self.queued_since = None
 
     def stalled_for(self, now: float, canary_waiting_since: float | None = None) -> float | None:
@@ -118,26 +118,20 @@ class ProgressPoller:
         self._absent_said = False
 
     def fetch(self) -> ProgressReading | None:
-        """One GET of /metrics, at most `max_bytes`, ended after about `timeout_s` all told; None when it
-        fails or has no token counters."""
-        import httpx
+        """One GET of /metrics through the one bounded read (at most `max_bytes`, `timeout_s` all told);
+        None when it fails or has no token counters."""
+        from deploykit.http_bounded import fetch
 
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        deadline = time.monotonic() + self.timeout_s
-        body = bytearray()
-        try:
-            with httpx.stream(
-                "GET", self.url.rstrip("/") + "/metrics", headers=headers, timeout=self.timeout_s
-            ) as response:
-                if response.status_code != 200:
-                    return None
-                for chunk in response.iter_bytes():
-                    body += chunk
-                    if len(body) > self.max_bytes or time.monotonic() > deadline:
-                        return None
-        except (httpx.HTTPError, UnicodeError, ValueError):
+        reply = fetch(
+            self.url.rstrip("/") + "/metrics",
+            headers=headers,
+            deadline_s=self.timeout_s,
+            max_bytes=self.max_bytes,
+        )
+        if not reply.ok or reply.status != 200:
             return None
-        reading = read_progress(body.decode("utf-8", errors="replace"))
+        reading = read_progress(reply.text)
         if reading is None and not self._absent_said:
             self._absent_said = True
             self._warn(

@@ -312,9 +312,8 @@ class Canary:
 
         moment = time.monotonic() if now is None else now
         with self._lock:
-            if reading is None:
-                self.progress.forget()
-                return None
+            if reading is None:  # no reading: the last good one stands (a slow /metrics under load must
+                return None  # not restart the clock of a hang; the counters only grow in one process)
             self.progress.observe(reading, moment)
             waiting = self._waiting_since if self._run_since is not None else None
             stalled = self.progress.stalled_for(moment, waiting)

@@ -154,6 +154,16 @@ def test_hung_after_the_bound_then_a_passing_run_clears_it(tmp_path: Path) -> No
     assert canary.run_once().outcome == "pass" and canary.state.status == "healthy"
 
 
+def test_reads_that_fail_under_load_do_not_restart_the_clock_of_a_hang(tmp_path: Path) -> None:
+    """A /metrics read that times out on a loaded machine is no reading: the last good one stands (the
+    counters only grow within one process), so a hang is still told at its bound, not a minute late."""
+    canary = make_canary(tmp_path, hung_after_s=60.0)
+    canary.observe_progress(ProgressReading(tokens=9, queued=2), now=0.0)
+    for second in range(2, 60, 2):  # every read between fails
+        assert canary.observe_progress(None, now=float(second)) is None
+    assert canary.observe_progress(ProgressReading(tokens=9, queued=2), now=60.5) == "hung"
+
+
 def test_a_canary_run_that_waits_out_its_deadline_counts_toward_hung(tmp_path: Path) -> None:
     """vLLM's queue gauges read 0 (the hung step never published them); the canary's own request waits."""
     canary = make_canary(tmp_path, hung_after_s=60.0, timeout_s=5.0)
