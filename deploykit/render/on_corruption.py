@@ -269,9 +269,7 @@ def main(
     env = os.environ if env is None else env
     ended = f"{env.get('EXIT_CODE', '?')} {env.get('EXIT_STATUS', '?')}"
     if not restart_verdict(env, args.exit_status or RESTART_EXIT_STATUSES):
-        print(
-            f"canary ended ({ended}): not a corruption verdict (nor a hung engine): {args.restart} left alone"
-        )
+        print(f"canary ended ({ended}): not a corruption verdict, {args.restart} left alone")
         return 0
     what = "the engine is hung" if env.get("EXIT_STATUS") == str(HUNG) else "the output is corrupt"
     if args.ledger_dir is None:  # no ledger: no cap
