@@ -148,7 +148,11 @@ class ProgressPoller:
                 if self.on_reading is not None and not stop.is_set():
                     self.on_reading(reading)
             except Exception as exc:  # the watcher must outlive any one bad read
-                self._warn(f"reading the server's progress failed: {type(exc).__name__}: {exc}")
+                from deploykit.net import redact_text  # its text can carry the URL or a header value
+
+                self._warn(
+                    f"reading the server's progress failed: {redact_text(f'{type(exc).__name__}: {exc}')}"
+                )
             stop.wait(self.every_s)
 
     def start(self, stop: threading.Event) -> threading.Thread:
