@@ -23,8 +23,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# The whole suite in two runs: the fast tier on every core (its tests are safe side by side: `make check`),
+# then everything it leaves out, one test at a time (real vLLM servers, nspawn, podman, wheels).
 pytest: $(STAMP)
-	$(BIN)/pytest
+	$(BIN)/pytest --fast -q -n auto
+	$(BIN)/pytest --slow
 
 # The tiers' markers and the --fast option: tests/conftest.py. One worker per core (pytest-xdist).
 pytest-fast: $(STAMP)

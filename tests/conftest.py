@@ -85,6 +85,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="the fast tier (`make check`): leave out tests marked " + ", ".join(SLOW_MARKERS),
     )
+    parser.addoption(
+        "--slow",
+        action="store_true",
+        help="everything --fast leaves out (`make test` runs the fast tier on every core, then this)",
+    )
 
 
 def is_e2e_path(path: Path) -> bool:
@@ -186,6 +191,12 @@ def _test_helper_file(module: str) -> Path | None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--slow"):
+        if config.getoption("--fast"):
+            raise pytest.UsageError("--fast and --slow together select nothing")
+        slow = " or ".join(SLOW_MARKERS)
+        expression = config.option.markexpr
+        config.option.markexpr = f"({expression}) and ({slow})" if expression else slow
     if config.getoption("--fast"):
         fast = "not (" + " or ".join(SLOW_MARKERS) + ")"
         expression = config.option.markexpr
