@@ -39,15 +39,16 @@ from deploykit.serve.stages import (
 from deploykit.serve.watch import serve_foreground
 
 if TYPE_CHECKING:
+    from deploykit.results.store import Store
     from deploykit.smoke import SmokeReport
-    from deploykit.store import Store
 
 
 def run_serve(options: ServeOptions, ui: ConsoleUI | None = None) -> int:
     """One whole attempt; returns the process exit code. Stores exactly one row whatever happens."""
     import socket
 
-    from deploykit.store import check_fits, open_store
+    from deploykit.results.sql.rows import check_fits
+    from deploykit.results.sql.store import open_store
 
     ui = ui or ConsoleUI(options.quiet)
     store = open_store(options.store_url)  # fails fast, before a model loads
@@ -170,9 +171,6 @@ def _prewarm_imports() -> None:
 
     def work() -> None:
         import httpx  # noqa: F401
-
-        import deploykit.smoke.fix_check
-        import deploykit.store  # noqa: F401
 
     threading.Thread(target=work, name="deploykit-prewarm", daemon=True).start()
 
