@@ -41,6 +41,13 @@ def test_each_number_has_one_meaning() -> None:
     assert len(set(exit_codes.MEANINGS.values())) == len(codes)  # nor two numbers a meaning
 
 
+def test_a_signal_status_is_the_shells() -> None:
+    import signal
+
+    assert exit_codes.for_signal(signal.SIGINT) == exit_codes.INTERRUPTED
+    assert exit_codes.for_signal(signal.SIGTERM) == 143
+
+
 def test_the_doc_table_is_the_module() -> None:
     rows = [ROW.match(line) for line in DOC.read_text(encoding="utf-8").splitlines()]
     table = {(int(m[1]), m[2], m[3]) for m in rows if m}
