@@ -196,7 +196,7 @@ def _compare_in_store(check: FingerprintCheck, fingerprint: Fingerprint) -> Comp
             verdict="unchecked", diagnosis="not compared: no store (--no-store) to hold a baseline"
         )
     from deploykit.errors import StoreError
-    from deploykit.results.sql.store import open_store
+    from deploykit.results.stores import open_store
 
     try:
         store = open_store(check.store_url)

@@ -75,7 +75,7 @@ def baseline_show(
     format: FormatOption = TableOrJson.table,
 ) -> None:
     """The active baselines (provisional until a second host agrees; confirmed; pinned)."""
-    from deploykit.results.sql.store import opened_store
+    from deploykit.results.stores import opened_store
 
     with opened_store(store) as opened:
         found = opened.baselines(include_retired=all_)
@@ -95,7 +95,7 @@ def baseline_pin(
     note: Annotated[str, typer.Option("--note", help="Why, for whoever reads it later.")] = "",
 ) -> None:
     """Make ROW's fingerprint the confirmed baseline of its key (the key's active one is retired)."""
-    from deploykit.results.sql.store import opened_store
+    from deploykit.results.stores import opened_store
 
     with opened_store(store) as opened:
         baseline = opened.pin_baseline(result_id, note=note or "pinned by an operator")
@@ -113,7 +113,7 @@ def baseline_retire(
     note: Annotated[str, typer.Option("--note", help="Why, for whoever reads it later.")] = "",
 ) -> None:
     """Retire a baseline: the next healthy run of its key becomes the new one."""
-    from deploykit.results.sql.store import opened_store
+    from deploykit.results.stores import opened_store
 
     with opened_store(store) as opened:
         baseline = opened.retire_baseline(baseline_id, note=note or "retired by an operator")

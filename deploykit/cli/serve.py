@@ -202,7 +202,7 @@ def results_list(
     format: FormatOption = TableOrJson.table,
 ) -> None:
     """The newest attempts, one line each."""
-    from deploykit.results.sql.store import opened_store
+    from deploykit.results.stores import opened_store
 
     with opened_store(store) as opened:
         records = opened.recent(limit=limit, profile=profile)
@@ -245,7 +245,7 @@ def results_show(
     format: FormatOption = TableOrJson.table,
 ) -> None:
     """Everything stored about one attempt."""
-    from deploykit.results.sql.store import opened_store
+    from deploykit.results.stores import opened_store
 
     with opened_store(store) as opened:
         record = opened.get(result_id)

@@ -214,7 +214,7 @@ def record_row_as_owner(state_dir: Path, profile: str | None, env: Mapping[str, 
 
 def store_row(stage: str, diagnosis: str, profile: str | None, timings: dict[str, float]) -> int:
     from deploykit.results.record import ResultRecord
-    from deploykit.results.sql.store import open_store
+    from deploykit.results.stores import open_store
 
     store = open_store()
     try:

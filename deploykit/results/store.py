@@ -32,6 +32,11 @@ class Store(Protocol):
 
     def close(self) -> None: ...
 
+    def check_fits(self, **values: str | None) -> None:
+        """Values a row will hold, checked against this store's limits before any work: a `UsageError`
+        naming the field and the limit, not a row refused once the work is done."""
+        ...
+
     def add(self, record: ResultRecord) -> int:
         """Write one row, once (a row whose `row_uuid` is stored already is not written again); its id.
         A passing row with a fingerprint settles its key's baseline in the same step."""

@@ -29,7 +29,7 @@ def store_row(
 ) -> tuple[int | None, str]:
     """Add `record` to `store` (an opened store, or a URL: None is the default store); returns the row's
     id and where it went. A store that cannot take it now: the row spooled, one `warn` line, a None id."""
-    from deploykit.results.sql.store import open_store
+    from deploykit.results.stores import open_store
 
     if store is None or isinstance(store, str):
         try:

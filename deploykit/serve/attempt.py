@@ -47,13 +47,12 @@ def run_serve(options: ServeOptions, ui: ConsoleUI | None = None) -> int:
     """One whole attempt; returns the process exit code. Stores exactly one row whatever happens."""
     import socket
 
-    from deploykit.results.sql.rows import check_fits
-    from deploykit.results.sql.store import open_store
+    from deploykit.results.stores import open_store
 
     ui = ui or ConsoleUI(options.quiet)
     store = open_store(options.store_url)  # fails fast, before a model loads
     try:
-        check_fits(store, hostname=socket.gethostname())  # what the row holds, before any work
+        store.check_fits(hostname=socket.gethostname())  # what the row holds, before any work
         return _run_attempt(options, ui, store)
     finally:
         store.close()

@@ -77,7 +77,7 @@ def run_remote_smoke(options: SmokeOptions, ui: ConsoleUI | None = None) -> int:
     """Smoke a server that is already running; stores one row unless told not to (the one driver:
     serve/driver.py, so a signal or any exception is the row too)."""
     from deploykit.results.record import ResultRecord
-    from deploykit.results.sql.store import open_store
+    from deploykit.results.stores import open_store
 
     ui = ui or ConsoleUI(quiet=True)
     # Opened first: a store that cannot be reached stops here, before any request is sent (a store that
@@ -107,12 +107,10 @@ def run_remote_smoke(options: SmokeOptions, ui: ConsoleUI | None = None) -> int:
 
 
 def check_fits(options: SmokeOptions, store: Store) -> None:
-    """The row's inputs against the store's limits, before any request (`sql.rows.check_fits`)."""
+    """The row's inputs against the store's limits, before any request (`Store.check_fits`)."""
     import socket
 
-    from deploykit.results.sql.rows import check_fits as fits
-
-    fits(store, base_url=options.url, hostname=socket.gethostname())
+    store.check_fits(base_url=options.url, hostname=socket.gethostname())
 
 
 def _smoke(

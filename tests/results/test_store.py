@@ -35,6 +35,9 @@ class ListStore:
     def close(self) -> None:
         pass
 
+    def check_fits(self, **values: str | None) -> None:
+        pass
+
     def add(self, record: ResultRecord) -> int:
         if self.away:
             raise StoreError("the list is away")

@@ -8,8 +8,6 @@ opening one is one `StoreError` naming the package.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -29,7 +27,7 @@ from deploykit.results.sql.baselines import (
 )
 from deploykit.results.sql.engine import create_store_engine, is_read_only
 from deploykit.results.sql.errors import require_sqlalchemy, store_errors
-from deploykit.results.sql.rows import decode_row, raw_select, validated_row
+from deploykit.results.sql.rows import check_fits, decode_row, raw_select, validated_row
 from deploykit.results.sql.schema import applied_additions, applied_version, refuse_newer, tables
 from deploykit.results.urls import NO_STORE, check_store_url, display_url
 
@@ -59,6 +57,9 @@ class SqlStore:
 
     def close(self) -> None:
         self.engine.dispose()
+
+    def check_fits(self, **values: str | None) -> None:
+        check_fits(self, **values)
 
     def schema_version(self) -> int:
         with self.engine.connect() as conn:
@@ -277,15 +278,6 @@ def open_store(url: str | None = None, *, migrate: bool = True) -> SqlStore:
         store.close()
         raise
     return store
-
-
-@contextmanager
-def opened_store(url: str | None = None) -> Iterator[SqlStore]:
-    store = open_store(url)
-    try:
-        yield store
-    finally:
-        store.close()
 
 
 if TYPE_CHECKING:
