@@ -46,7 +46,8 @@ def in_process_pieces(runs: int, store_dir: Path) -> dict[str, float]:
     from deploykit.probe.facts import ProbeFacts
     from deploykit.probe.load import probe
     from deploykit.profile.load import load_profile
-    from deploykit.store import ResultRecord, open_store
+    from deploykit.results.record import ResultRecord
+    from deploykit.results.sql.store import open_store
 
     pieces: dict[str, list[float]] = {"probe": [], "load + plan": [], "open store + add row": []}
     for index in range(runs):
@@ -106,7 +107,7 @@ def baseline(port: int, log_dir: Path) -> dict[str, float]:
 
 
 def deploykit_run(port: int, store_url: str, log_dir: Path) -> dict[str, float]:
-    from deploykit.store import open_store
+    from deploykit.results.sql.store import open_store
 
     command = [str(BIN / "deploykit"), "serve", "--profile", "demo-cpu", "--check", "--quiet"]
     command += ["--port", str(port), "--store", store_url, "--log-dir", str(log_dir)]

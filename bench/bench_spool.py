@@ -1,6 +1,6 @@
-"""What the spool costs (deploykit.spool): keeping a row while its store is away, and replaying the kept rows
-when the next command reaches it, on SQLite and on the real PostgreSQL of tools/ci-services.sh (a fresh
-schema, dropped afterwards). Also the cost of a write that finds the store away: PostgreSQL on a closed
+"""What the spool costs (deploykit.results.spool): keeping a row while its store is away, and replaying the
+kept rows when the next command reaches it, on SQLite and on the real PostgreSQL of tools/ci-services.sh (a
+fresh schema, dropped afterwards). Also the cost of a write that finds the store away: PostgreSQL on a closed
 port (connection refused) and the row spooled, as the canary does it.
 
     .venv/bin/python bench/bench_spool.py [--rows 200]
@@ -26,8 +26,8 @@ PG_URL = os.environ.get(
 
 
 def _record(index: int) -> object:
+    from deploykit.results.record import ResultRecord
     from deploykit.smoke import CaseResult
-    from deploykit.store import ResultRecord
 
     case = CaseResult(
         name="completion", kind="completion", endpoint="/v1/completions", model="m", passed=True
@@ -38,8 +38,8 @@ def _record(index: int) -> object:
 
 
 def measure(store_url: str, rows: int) -> dict[str, float]:
-    from deploykit.spool import keep, pending
-    from deploykit.store import open_store
+    from deploykit.results.spool import keep, pending
+    from deploykit.results.sql.store import open_store
 
     open_store(store_url).close()
     records = [_record(i) for i in range(rows)]
@@ -62,7 +62,7 @@ def away_ms(reps: int) -> float:
     """store_row against a PostgreSQL on a closed port: the refused connection and the row spooled."""
     import socket
 
-    from deploykit.store_row import store_row
+    from deploykit.results.store_row import store_row
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

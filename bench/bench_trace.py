@@ -83,7 +83,7 @@ def traced(max_tokens: int, log_dir: Path) -> dict[str, float]:
     )
     total = time.perf_counter() - started
     assert code == 0 and report is not None and report.first is None, report
-    from deploykit.store import open_store
+    from deploykit.results.sql.store import open_store
 
     store = open_store(f"sqlite:///{log_dir / 'results.sqlite'}")
     try:

@@ -1,12 +1,15 @@
 """deploykit's errors: one root, `DeploykitError`, with the process exit code and a one-line message,
-and a family per pipeline stage. The classes modules raise subclass their family (the profile loader's
-`ProfileError` is a `deploykit.errors.ProfileError`), so one handler (`deploykit.cli.app.main`) turns any
-of them into a code and a line, never a traceback. Every code is one of `deploykit.exit_codes`.
+and a family per pipeline stage, each defined here once (tests/test_error_tree.py holds that); a module's
+own error (a probe's `ProbeError`, the canary's `ListenAddressError`) subclasses its
+family, so one handler (`deploykit.cli.app.main`) turns any of them into a code and a line, never a
+traceback. Every code is one of `deploykit.exit_codes`.
 
 A message names the input it is about (the file, URL, flag or value) and the way out.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from deploykit import exit_codes
 
@@ -56,10 +59,39 @@ class UsageError(DeploykitError):
     exit_code = exit_codes.USAGE
 
 
+@dataclass(frozen=True)
+class ProfileIssue:
+    """One problem in a profile, where it is: file, line, column, field."""
+
+    file: str
+    line: int
+    column: int
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.column}: {self.field}: {self.message}"
+
+
 class ProfileError(DeploykitError):
-    """A profile cannot be found, read or validated."""
+    """A profile cannot be found, read or validated; `issues` lists every problem with its location."""
 
     exit_code = exit_codes.USAGE
+
+    def __init__(self, issues: list[ProfileIssue]) -> None:
+        self.issues = issues
+        super().__init__("\n".join(str(issue) for issue in issues))
+
+    @property
+    def details(self) -> list[str]:
+        return [str(issue) for issue in self.issues] if len(self.issues) > 1 else []
+
+    @property
+    def message(self) -> str:
+        if len(self.issues) == 1:
+            return str(self.issues[0])
+        where = self.issues[0].file if self.issues else "the profile"
+        return f"{len(self.issues)} problems in profile {where} (listed above); fix them and run again"
 
 
 class FactsError(DeploykitError):
@@ -75,21 +107,31 @@ class PlanError(DeploykitError):
 
 
 class RenderError(DeploykitError):
-    """A plan cannot be rendered as a systemd unit or Helm chart, or its files cannot be written."""
+    """A plan cannot be rendered as a systemd unit or Helm chart, or its files cannot be written; the
+    message says what to change."""
 
     exit_code = exit_codes.USAGE
 
 
-class StoreError(DeploykitError):
-    """The results store cannot be opened, read or written."""
+class StoreError(DeploykitError, RuntimeError):
+    """The results store cannot be opened, read or written. `spoolable`: the row may yet be written to this
+    store (it is away, full, locked): keep it in the spool (deploykit.results.spool). False where it never
+    will be (no SQLAlchemy, not a URL, an in-memory store)."""
+
+    def __init__(self, message: str, *, spoolable: bool = True) -> None:
+        super().__init__(message)
+        self.spoolable = spoolable
 
 
-class LaunchError(DeploykitError):
-    """vLLM could not be started or did not become healthy."""
+class LaunchError(DeploykitError, RuntimeError):
+    """vLLM could not be started or did not become healthy; `server_exit_code` is vLLM's own exit code
+    (None when it did not exit), `log_tail` the end of its log. `exit_code` stays deploykit's, as for every
+    `DeploykitError`."""
 
-
-class SmokeError(DeploykitError):
-    """The smoke requests could not be run."""
+    def __init__(self, message: str, *, server_exit_code: int | None = None, log_tail: str = "") -> None:
+        super().__init__(message)
+        self.server_exit_code = server_exit_code
+        self.log_tail = log_tail
 
 
 class CanaryError(DeploykitError):
@@ -99,5 +141,6 @@ class CanaryError(DeploykitError):
     exit_code = exit_codes.USAGE
 
 
-class FixError(DeploykitError):
-    """A fix could not be applied (in vLLM's processes, through the plugin)."""
+class FixError(DeploykitError, RuntimeError):
+    """A fix could not be applied (in vLLM's processes, through the plugin); the message names the fix and
+    the vLLM version."""

@@ -1,6 +1,7 @@
 """Every process exit status deploykit uses, in one place: a script, a systemd unit or a Kubernetes probe
 acts on these numbers, so one number never carries two meanings. The table in docs/exit-codes.md is
-this module in words; `tests/test_exit_codes.py` holds the two to each other.
+this module in words; `tests/test_exit_codes.py` holds the two to each other, and finds a status written as
+a number anywhere else in the package.
 """
 
 from __future__ import annotations
@@ -25,7 +26,15 @@ HUNG = 5
 bound; systemd and the chart restart vLLM on it, under the same cap as corruption."""
 
 INTERRUPTED = 130
-"""Stopped by Ctrl-C or SIGINT (128 + signal 2, the shell's convention)."""
+"""Stopped by Ctrl-C or SIGINT (128 + signal 2, the shell's convention: `for_signal`)."""
+
+_SIGNAL_BASE = 128
+
+
+def for_signal(signum: int) -> int:
+    """The status of a process stopped by signal `signum`, as a shell reports it: 128 + N (SIGTERM: 143)."""
+    return _SIGNAL_BASE + signum
+
 
 MEANINGS: dict[int, str] = {
     OK: "success",

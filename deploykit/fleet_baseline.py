@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from deploykit.baseline_judge import CASE_NAME as CASE_NAME
-from deploykit.baseline_judge import judge_against as judge_against
+from deploykit.results.judge import CASE_NAME as CASE_NAME
+from deploykit.results.judge import judge_against as judge_against
 from deploykit.smoke.fingerprint import (
     PROBE_SET_VERSION,
     Comparison,
@@ -195,7 +195,8 @@ def _compare_in_store(check: FingerprintCheck, fingerprint: Fingerprint) -> Comp
         return Comparison(
             verdict="unchecked", diagnosis="not compared: no store (--no-store) to hold a baseline"
         )
-    from deploykit.store import StoreError, open_store
+    from deploykit.errors import StoreError
+    from deploykit.results.stores import open_store
 
     try:
         store = open_store(check.store_url)

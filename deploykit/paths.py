@@ -28,7 +28,7 @@ APP_NAME = "deploykit"
 PROFILE_DIR_ENV_VAR = "DEPLOYKIT_PROFILE_DIR"
 MODEL_CACHE_ENV_VAR = "DEPLOYKIT_MODEL_CACHE"
 STORE_ENV_VAR = "DEPLOYKIT_STORE"
-SPOOL_DIR_ENV_VAR = "DEPLOYKIT_SPOOL_DIR"  # rows kept while their store is away (deploykit.spool)
+SPOOL_DIR_ENV_VAR = "DEPLOYKIT_SPOOL_DIR"  # rows kept while their store is away (deploykit.results.spool)
 CACHE_DIR_ENV_VAR = "DEPLOYKIT_CACHE_DIR"  # deploykit's cache root (the vLLM option tables)
 
 PACKAGE_DIR = Path(__file__).resolve().parent

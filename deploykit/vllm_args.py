@@ -25,7 +25,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from deploykit import errors
+from deploykit import errors, exit_codes
 
 # make_arg_parser / validate_parsed_serve_args moved between releases.
 _PARSER_MODULES = (
@@ -285,10 +285,10 @@ def main(args: list[str]) -> int:
             "usage: python -m deploykit.vllm_args table | check vllm serve ARGS... | check-many < argvs.json",
             file=sys.stderr,
         )
-        return 2
+        return exit_codes.USAGE
     sys.stdout.write(RESULT_PREFIX + json.dumps(result) + "\n")
     sys.stdout.flush()
-    return 0
+    return exit_codes.OK
 
 
 if __name__ == "__main__":

@@ -39,8 +39,8 @@ os.environ.setdefault("DEPLOYKIT_CACHE_DIR", str(REPO / ".deploykit-cache"))
 
 @pytest.fixture(autouse=True)
 def _own_spool(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Rows spooled for an unreachable store (deploykit.spool) go to the test's own directory, never the
-    user's data directory (subprocesses inherit it)."""
+    """Rows spooled for an unreachable store (deploykit.results.spool) go to the test's own directory, never
+    the user's data directory (subprocesses inherit it)."""
     monkeypatch.setenv("DEPLOYKIT_SPOOL_DIR", str(tmp_path_factory.mktemp("spool")))
 
 

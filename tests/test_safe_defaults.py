@@ -163,7 +163,7 @@ def test_plain_values_and_references_pass() -> None:
 
 
 def test_the_store_is_created_owner_only(tmp_path: Path) -> None:
-    from deploykit.store import open_store
+    from deploykit.results.sql.store import open_store
 
     path = tmp_path / "new" / "dir" / "results.sqlite"
     open_store(f"sqlite:///{path}").close()
@@ -216,7 +216,8 @@ def test_serve_fails_on_the_store_before_anything_starts(monkeypatch: pytest.Mon
 
 
 def test_tables_are_whole_when_not_a_terminal(tmp_path: Path) -> None:
-    from deploykit.store import ResultRecord, open_store
+    from deploykit.results.record import ResultRecord
+    from deploykit.results.sql.store import open_store
 
     diagnosis = "a long diagnosis that a person piping the output to a file wants whole, " * 3
     url = f"sqlite:///{tmp_path / 'r.sqlite'}"

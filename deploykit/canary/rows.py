@@ -1,7 +1,7 @@
 """The canary's rows in the results store: one when its state changes (the first verdict included) and an
-hourly heartbeat, never one per run. They are stored by `deploykit.store_row`: a store that cannot be
-reached is one line and the row spooled (deploykit.spool), written when the store is back; the checking
-goes on."""
+hourly heartbeat, never one per run. They are stored by `deploykit.results.store_row`: a store that cannot
+be reached is one line and the row spooled (deploykit.results.spool), written when the store is back; the
+checking goes on."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from deploykit.canary.state import CanaryState
+    from deploykit.results.record import ResultRecord
     from deploykit.smoke import SmokeReport
     from deploykit.smoke.fingerprint import Fingerprint
-    from deploykit.store import ResultRecord
 
 
 def canary_record(
@@ -32,7 +32,7 @@ def canary_record(
     from datetime import UTC, datetime
 
     from deploykit import __version__
-    from deploykit.store import ResultRecord
+    from deploykit.results.record import ResultRecord
 
     return ResultRecord(
         created_at=datetime.fromtimestamp(now, UTC),

@@ -24,9 +24,9 @@ if TYPE_CHECKING:
     from deploykit.canary.nan_counter import CounterReading, NanCounterPoller
     from deploykit.fleet_baseline import FingerprintCheck
     from deploykit.profile.schema import SmokeCase
+    from deploykit.results.record import ResultRecord
     from deploykit.smoke import SmokeReport, SmokeRequest
     from deploykit.smoke.fingerprint import Fingerprint
-    from deploykit.store import ResultRecord
 
 Runner = Callable[..., "SmokeReport"]
 STOP_POLL_S = 0.2
@@ -413,7 +413,7 @@ class Canary:
     def _store_row(self, stage: str, report: SmokeReport, now: float) -> str | None:
         from deploykit.canary.rows import canary_record
         from deploykit.net import redact_url
-        from deploykit.store_row import store_row
+        from deploykit.results.store_row import store_row
 
         self.last_row_at = now
         config = self.config

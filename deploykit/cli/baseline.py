@@ -10,7 +10,7 @@ import typer
 from deploykit.cli.options import ROW_ID, FormatOption, StoreOption, TableOrJson
 
 if TYPE_CHECKING:
-    from deploykit.store import Baseline
+    from deploykit.results.baseline import Baseline
 
 baseline_app = typer.Typer(
     help="Fingerprint baselines: what a healthy deployment of each key answers.", no_args_is_help=True
@@ -75,7 +75,7 @@ def baseline_show(
     format: FormatOption = TableOrJson.table,
 ) -> None:
     """The active baselines (provisional until a second host agrees; confirmed; pinned)."""
-    from deploykit.store import opened_store
+    from deploykit.results.stores import opened_store
 
     with opened_store(store) as opened:
         found = opened.baselines(include_retired=all_)
@@ -95,7 +95,7 @@ def baseline_pin(
     note: Annotated[str, typer.Option("--note", help="Why, for whoever reads it later.")] = "",
 ) -> None:
     """Make ROW's fingerprint the confirmed baseline of its key (the key's active one is retired)."""
-    from deploykit.store import opened_store
+    from deploykit.results.stores import opened_store
 
     with opened_store(store) as opened:
         baseline = opened.pin_baseline(result_id, note=note or "pinned by an operator")
@@ -113,7 +113,7 @@ def baseline_retire(
     note: Annotated[str, typer.Option("--note", help="Why, for whoever reads it later.")] = "",
 ) -> None:
     """Retire a baseline: the next healthy run of its key becomes the new one."""
-    from deploykit.store import opened_store
+    from deploykit.results.stores import opened_store
 
     with opened_store(store) as opened:
         baseline = opened.retire_baseline(baseline_id, note=note or "retired by an operator")

@@ -26,7 +26,7 @@ from deploykit.cli.options import (
 )
 
 if TYPE_CHECKING:
-    from deploykit.store import ResultRecord
+    from deploykit.results.record import ResultRecord
 
 
 results_app = typer.Typer(help="Stored results of serve and smoke attempts.", no_args_is_help=True)
@@ -202,7 +202,7 @@ def results_list(
     format: FormatOption = TableOrJson.table,
 ) -> None:
     """The newest attempts, one line each."""
-    from deploykit.store import opened_store
+    from deploykit.results.stores import opened_store
 
     with opened_store(store) as opened:
         records = opened.recent(limit=limit, profile=profile)
@@ -245,7 +245,7 @@ def results_show(
     format: FormatOption = TableOrJson.table,
 ) -> None:
     """Everything stored about one attempt."""
-    from deploykit.store import opened_store
+    from deploykit.results.stores import opened_store
 
     with opened_store(store) as opened:
         record = opened.get(result_id)

@@ -109,8 +109,7 @@ def effective_runner(inputs: DecisionInputs) -> str:
     return default_model_runner(inputs.vllm_version, inputs.platform)
 
 
-class FixError(errors.FixError, RuntimeError):
-    """A fix could not be applied; the message names the fix and the vLLM version."""
+FixError = errors.FixError  # defined once, in deploykit.errors; raised here
 
 
 def upstream_guard(name: str, check: TargetCheck) -> str | None:

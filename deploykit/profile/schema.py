@@ -13,7 +13,8 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from deploykit import errors
+from deploykit.errors import ProfileError as ProfileError  # defined once, in deploykit.errors
+from deploykit.errors import ProfileIssue as ProfileIssue
 
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_MODELS = ("tiny-llama",)
@@ -296,37 +297,6 @@ _LATER_FIELD_DEFAULTS: dict[tuple[str, ...], object] = {
     ("serve", "count_nan_logits"): True,
     ("smoke", "fingerprint"): FingerprintSpec().model_dump(mode="json"),
 }
-
-
-@dataclass(frozen=True)
-class ProfileIssue:
-    file: str
-    line: int
-    column: int
-    field: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line}:{self.column}: {self.field}: {self.message}"
-
-
-class ProfileError(errors.ProfileError):
-    """A profile could not be loaded; `issues` lists every problem with its location."""
-
-    def __init__(self, issues: list[ProfileIssue]) -> None:
-        self.issues = issues
-        super().__init__("\n".join(str(issue) for issue in issues))
-
-    @property
-    def details(self) -> list[str]:
-        return [str(issue) for issue in self.issues] if len(self.issues) > 1 else []
-
-    @property
-    def message(self) -> str:
-        if len(self.issues) == 1:
-            return str(self.issues[0])
-        where = self.issues[0].file if self.issues else "the profile"
-        return f"{len(self.issues)} problems in profile {where} (listed above); fix them and run again"
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,7 @@ if TYPE_CHECKING:
     from deploykit.profile.schema import FixMode, LoadedProfile
 
 
-class RenderError(errors.RenderError):
-    """The profile or plan cannot be rendered into this form; the message says what to change."""
+RenderError = errors.RenderError  # defined once, in deploykit.errors; raised here
 
 
 class RenderedFile(BaseModel):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import re
 
-from deploykit.render.common import RenderError
+from deploykit.errors import RenderError
 from deploykit.untrusted_text import control_character
 
 # Words systemd takes literally: no quotes, no escapes, no `$` expansion, no `%` specifiers.

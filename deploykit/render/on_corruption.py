@@ -42,7 +42,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from deploykit.canary import defaults
-from deploykit.exit_codes import CORRUPT, HUNG
+from deploykit.exit_codes import CORRUPT, HUNG, OK
 
 # The same restart budget as serve's in-process canary (constants only: no serve, no canary machinery).
 MAX_RESTARTS = defaults.MAX_RESTARTS_PER_HOUR
@@ -213,7 +213,8 @@ def record_row_as_owner(state_dir: Path, profile: str | None, env: Mapping[str, 
 
 
 def store_row(stage: str, diagnosis: str, profile: str | None, timings: dict[str, float]) -> int:
-    from deploykit.store import ResultRecord, open_store
+    from deploykit.results.record import ResultRecord
+    from deploykit.results.stores import open_store
 
     store = open_store()
     try:
@@ -229,7 +230,7 @@ def store_row(stage: str, diagnosis: str, profile: str | None, timings: dict[str
         )
     finally:
         store.close()
-    return 0
+    return OK
 
 
 def main(
@@ -270,7 +271,7 @@ def main(
     ended = f"{env.get('EXIT_CODE', '?')} {env.get('EXIT_STATUS', '?')}"
     if not restart_verdict(env, args.exit_status or RESTART_EXIT_STATUSES):
         print(f"canary ended ({ended}): not a corruption verdict, {args.restart} left alone")
-        return 0
+        return OK
     what = "the engine is hung" if env.get("EXIT_STATUS") == str(HUNG) else "the output is corrupt"
     if args.ledger_dir is None:  # no ledger: no cap
         print(f"canary ended ({ended}): {what}, restarting {args.restart}")

@@ -25,9 +25,9 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from deploykit import DISTRIBUTION, __version__
+from deploykit.errors import RenderError
 from deploykit.paths import PACKAGE_DIR, SHIPPED_DATA, shipped_data_dir
 from deploykit.plugin_contract import ENTRY_POINT
-from deploykit.render.common import RenderError
 
 WHEEL_TAG = "py3-none-any"
 # Kubernetes objects are capped at 1 MiB, and Helm keeps each release as one Secret holding the chart's

@@ -22,7 +22,8 @@ fail the probe only when it is fresh: written after this vLLM process started, a
 | fresh `starting` or `healthy`                                 | pass | pass  |
 
 Exit 0 passes, 1 fails; one line says why (the kubelet shows it in the pod's events). Standard library only,
-and nothing else of deploykit: it runs in the vLLM image, with deploykit on PYTHONPATH as a zipped wheel.
+and nothing else of deploykit but its exit statuses (deploykit.exit_codes, itself standard library only): it
+runs in the vLLM image, with deploykit on PYTHONPATH as a zipped wheel.
 `decide()` is the table (pure); the rest reads /health, the file and /proc.
 """
 
@@ -40,6 +41,8 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
+
+from deploykit import exit_codes
 
 Mode = Literal["live", "ready"]
 
@@ -254,7 +257,7 @@ def main(argv: list[str] | None = None, clock: Callable[[], float] = time.time) 
         health_detail=detail,
     )
     print(f"{mode}: {'pass' if decision.passed else 'FAIL'}: {decision.reason}", flush=True)
-    return 0 if decision.passed else 1
+    return exit_codes.OK if decision.passed else exit_codes.FAILED
 
 
 if __name__ == "__main__":

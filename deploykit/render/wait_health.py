@@ -11,6 +11,7 @@ import argparse
 import sys
 import time
 
+from deploykit import exit_codes
 from deploykit.net import health_ok, redact_url
 
 POLL_INTERVAL_S = 2.0
@@ -37,9 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     waited = wait_healthy(args.url, args.timeout_s, args.poll_interval_s)
     if waited is None:
         print(f"{redact_url(args.url)} did not answer 200 within {args.timeout_s:.0f} s", file=sys.stderr)
-        return 1
+        return exit_codes.FAILED
     print(f"{redact_url(args.url)} healthy after {waited:.1f} s")
-    return 0
+    return exit_codes.OK
 
 
 if __name__ == "__main__":

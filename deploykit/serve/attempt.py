@@ -39,20 +39,20 @@ from deploykit.serve.stages import (
 from deploykit.serve.watch import serve_foreground
 
 if TYPE_CHECKING:
+    from deploykit.results.store import Store
     from deploykit.smoke import SmokeReport
-    from deploykit.store import Store
 
 
 def run_serve(options: ServeOptions, ui: ConsoleUI | None = None) -> int:
     """One whole attempt; returns the process exit code. Stores exactly one row whatever happens."""
     import socket
 
-    from deploykit.store import check_fits, open_store
+    from deploykit.results.stores import open_store
 
     ui = ui or ConsoleUI(options.quiet)
     store = open_store(options.store_url)  # fails fast, before a model loads
     try:
-        check_fits(store, hostname=socket.gethostname())  # what the row holds, before any work
+        store.check_fits(hostname=socket.gethostname())  # what the row holds, before any work
         return _run_attempt(options, ui, store)
     finally:
         store.close()
@@ -170,9 +170,6 @@ def _prewarm_imports() -> None:
 
     def work() -> None:
         import httpx  # noqa: F401
-
-        import deploykit.smoke.fix_check
-        import deploykit.store  # noqa: F401
 
     threading.Thread(target=work, name="deploykit-prewarm", daemon=True).start()
 

@@ -7,7 +7,7 @@ whatever ends the body: a `StageFailure` (the stage it names), a signal deployki
 raise `Interrupted` while the gate is armed; one swallowed by a library still counts, the gate remembers
 it), Ctrl-C, a `DeploykitError` (a missing package, say) or any other exception. Each becomes the
 attempt's verdict and diagnosis; the row is then written once by `finish` (spooled when the store is away,
-deploykit.spool) and the verdict printed once.
+deploykit.results.spool) and the verdict printed once.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from deploykit.errors import DeploykitError
 from deploykit.serve.signals import Interrupted, SignalGate
 
 if TYPE_CHECKING:
-    from deploykit.store import ResultRecord, Store, Verdict
+    from deploykit.results.record import ResultRecord, Verdict
+    from deploykit.results.store import Store
 
 
 class Stage(StrEnum):
@@ -165,10 +166,10 @@ def finish(
     keep: bool = True,
     brief: bool = False,
 ) -> int | None:
-    """The attempt's one row stored (or spooled when the store is away: deploykit.store_row) and its verdict
-    printed once; returns the row's id (None when spooled or not kept). `keep=False`: `--no-store`.
+    """The attempt's one row stored (or spooled when the store is away: deploykit.results.store_row) and its
+    verdict printed once; returns the row's id (None when spooled or not kept). `keep=False`: `--no-store`.
     `brief`: the diagnosis's first line only (`trace` prints its whole report itself)."""
-    from deploykit.store_row import store_row
+    from deploykit.results.store_row import store_row
 
     result_id, where = store_row(record, store, warn) if keep else (None, "")
     for line in verdict_lines(record, result_id, where, brief=brief):
@@ -192,9 +193,9 @@ def exit_code(record: ResultRecord, outcome: Outcome, gate: SignalGate | None = 
     """The process exit status the verdict says: 0 pass, 1 fail/error (or the error's own code), 128+N for
     signal N (also when it came after the verdict, during the cleanup or the row)."""
     if record.verdict == "interrupted":
-        return 128 + int(record.timings.get("signal") or signal.SIGTERM)
+        return exit_codes.for_signal(int(record.timings.get("signal") or signal.SIGTERM))
     if gate is not None and gate.received is not None:
-        return 128 + gate.received
+        return exit_codes.for_signal(gate.received)
     if record.verdict == "pass":
         return exit_codes.OK
     return outcome.exit_code if outcome.exit_code is not None else exit_codes.FAILED

@@ -16,8 +16,8 @@ from deploykit.profile.schema import SECRET_NAME
 
 if TYPE_CHECKING:
     from deploykit.plan import Plan
+    from deploykit.results.record import ResultRecord
     from deploykit.serve.console import ConsoleUI
-    from deploykit.store import ResultRecord
 
 REDACTED = "***"
 _HF_TOKEN_SHAPE = re.compile(r"\bhf_[A-Za-z0-9]{20,}\b")
@@ -83,7 +83,7 @@ def overhead(timings: Mapping[str, float | None]) -> float:
 def exit_code_for(record: ResultRecord) -> int:
     if record.verdict == "interrupted":
         signum = int(record.timings.get("signal") or signal.SIGTERM)
-        return 128 + signum
+        return exit_codes.for_signal(signum)
     return exit_codes.OK if record.passed else exit_codes.FAILED
 
 

@@ -19,15 +19,7 @@ from deploykit import errors, net
 from deploykit.logtail import tail
 from deploykit.paths import create_private_file, make_private_dirs
 
-
-class LaunchError(errors.LaunchError, RuntimeError):
-    """vLLM did not come up; `server_exit_code` is vLLM's own exit code (None when it did not exit),
-    `log_tail` the end of its log. `exit_code` stays deploykit's, as for every `DeploykitError`."""
-
-    def __init__(self, message: str, *, server_exit_code: int | None = None, log_tail: str = "") -> None:
-        super().__init__(message)
-        self.server_exit_code = server_exit_code
-        self.log_tail = log_tail
+LaunchError = errors.LaunchError  # defined once, in deploykit.errors; raised here
 
 
 def read_tail(path: Path, max_lines: int = 40) -> str:

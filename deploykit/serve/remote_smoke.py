@@ -24,9 +24,10 @@ from deploykit.serve.stages import StageFailure, case_timings, check_plan, load
 if TYPE_CHECKING:
     from deploykit.plan import Plan
     from deploykit.profile.schema import LoadedProfile
+    from deploykit.results.record import ResultRecord, Verdict
+    from deploykit.results.store import Store
     from deploykit.smoke import SmokeReport
     from deploykit.smoke.fingerprint import Fingerprint
-    from deploykit.store import ResultRecord, Store, Verdict
 
 
 class SmokeOptions(BaseModel):
@@ -75,11 +76,12 @@ def planned_fixes(loaded: LoadedProfile, facts_file: str | None) -> list[str]:
 def run_remote_smoke(options: SmokeOptions, ui: ConsoleUI | None = None) -> int:
     """Smoke a server that is already running; stores one row unless told not to (the one driver:
     serve/driver.py, so a signal or any exception is the row too)."""
-    from deploykit.store import ResultRecord, open_store
+    from deploykit.results.record import ResultRecord
+    from deploykit.results.stores import open_store
 
     ui = ui or ConsoleUI(quiet=True)
     # Opened first: a store that cannot be reached stops here, before any request is sent (a store that
-    # goes away later is the spool's: deploykit.spool).
+    # goes away later is the spool's: deploykit.results.spool).
     store = open_store(options.store_url) if options.store else None
     try:
         if store is not None:
@@ -105,12 +107,10 @@ def run_remote_smoke(options: SmokeOptions, ui: ConsoleUI | None = None) -> int:
 
 
 def check_fits(options: SmokeOptions, store: Store) -> None:
-    """The row's inputs against the store's limits, before any request (deploykit.store.check_fits)."""
+    """The row's inputs against the store's limits, before any request (`Store.check_fits`)."""
     import socket
 
-    from deploykit.store import check_fits as fits
-
-    fits(store, base_url=options.url, hostname=socket.gethostname())
+    store.check_fits(base_url=options.url, hostname=socket.gethostname())
 
 
 def _smoke(

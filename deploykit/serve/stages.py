@@ -36,11 +36,11 @@ if TYPE_CHECKING:
     from deploykit.plan import Plan
     from deploykit.probe.facts import ProbeFacts
     from deploykit.profile.schema import LoadedProfile, Profile
+    from deploykit.results.record import ResultRecord, Verdict
     from deploykit.serve.console import ConsoleUI
     from deploykit.serve.launch import ServerProcess
     from deploykit.smoke import CaseResult, SmokeReport
     from deploykit.smoke.fingerprint import Fingerprint
-    from deploykit.store import ResultRecord, Verdict
 
 
 class StageFailure(DeploykitError):
@@ -332,7 +332,7 @@ def run_to_verdict(
 
 def attempt_record(attempt: Attempt, verdict: str, diagnosis: str) -> ResultRecord:
     """The attempt as its stored row."""
-    from deploykit.store import ResultRecord
+    from deploykit.results.record import ResultRecord
 
     attempt.mark("total_s", attempt.started)
     attempt.timings["overhead_s"] = round(overhead(attempt.timings), 4)

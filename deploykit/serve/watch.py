@@ -36,6 +36,7 @@ from deploykit import exit_codes
 from deploykit.canary import defaults as canary_defaults
 from deploykit.canary.defaults import OnCorruption as OnCorruption
 from deploykit.logtail import tail
+from deploykit.results.store_row import store_row
 from deploykit.serve.console import ConsoleUI, LogFollower
 from deploykit.serve.driver import Stage, finish
 from deploykit.serve.helpers import argv_value, redact
@@ -50,7 +51,6 @@ from deploykit.serve.stages import (
     start_vllm,
     wait_healthy,
 )
-from deploykit.store_row import store_row
 
 if TYPE_CHECKING:
     from deploykit.canary.runner import Canary, LiveNanSummary, RunSummary
@@ -280,7 +280,7 @@ def serve_foreground(attempt: Attempt, gate: SignalGate, ui: ConsoleUI) -> int:
                 try:
                     attempt, passed = _relaunch(attempt, total, ui, serving_gate)
                 except Interrupted as exc:  # _relaunch stopped what it started and stored its row
-                    return 128 + exc.signum
+                    return exit_codes.for_signal(exc.signum)
                 finally:
                     serving_gate.armed = False
                 if attempt.server is None:  # it did not come up: its row says why
@@ -321,7 +321,7 @@ def _wait(seconds: float, signalled: Callable[[], int | None]) -> bool:
 
 def _store_decision(attempt: Attempt, diagnosis: str, ui: ConsoleUI, restart: int = 0) -> None:
     """serve's row for a corruption: what the canary saw and what serve did about it."""
-    from deploykit.store import ResultRecord
+    from deploykit.results.record import ResultRecord
 
     loaded = attempt.loaded
     assert loaded is not None

@@ -26,9 +26,9 @@ from deploykit.serve.stages import StageFailure
 
 if TYPE_CHECKING:
     from deploykit.profile.schema import Profile, SmokeCase
+    from deploykit.results.record import ResultRecord, Verdict
     from deploykit.serve.launch import ServerProcess
     from deploykit.smoke import CaseResult, SmokeRequest
-    from deploykit.store import ResultRecord, Verdict
     from deploykit.trace.report import TraceReport
 
 REQUEST_ID_PREFIX = "dktrace"
@@ -137,9 +137,9 @@ def run_trace(options: TraceOptions, say: Any = None) -> tuple[int, TraceReport 
     run in the one driver (serve/driver.py), so a failed stage, any exception and SIGINT/SIGTERM (a vLLM it
     started is stopped first) each end in the row."""
     from deploykit import __version__
+    from deploykit.results.record import ResultRecord
     from deploykit.serve.helpers import redact, secret_values
     from deploykit.serve.signals import forwarded_signals
-    from deploykit.store import ResultRecord
 
     say = say or (lambda message: None)
     record = ResultRecord(

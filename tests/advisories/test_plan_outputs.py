@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from deploykit.results.record import ResultRecord
+from deploykit.results.sql.store import open_store
 from deploykit.serve.helpers import plan_for_store
-from deploykit.store import ResultRecord, open_store
 from tests.advisories.conftest import FACTS_DIR, PlanFor
 from tests.cli.test_imports import DEPLOYKIT
 

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from deploykit.net import free_port
-from deploykit.store import open_store
+from deploykit.results.sql.store import open_store
 from tests.http_server import serving
 
 REPO = Path(__file__).resolve().parents[2]

@@ -25,8 +25,8 @@ from deploykit.canary.runner import Canary, CanaryConfig, RunSummary
 from deploykit.canary.state import CanaryState, outcome_of
 from deploykit.profile.load import load_profile
 from deploykit.profile.schema import SmokeCase
+from deploykit.results.sql.store import open_store
 from deploykit.smoke import CaseResult, SmokeReport, summarise
-from deploykit.store import open_store
 
 
 def case(passed: bool = True, miss: bool = False, diagnosis: str = "", warning: str = "") -> CaseResult:

@@ -57,7 +57,7 @@ def fresh_store_url(backend: str, tmp_path: Path) -> Iterator[str]:
 
 def dump_store(url: str) -> str:
     """Every stored row as text, to search for things that must not be there."""
-    from deploykit.store import open_store
+    from deploykit.results.sql.store import open_store
 
     store = open_store(url)
     try:

@@ -36,8 +36,9 @@ from packaging.requirements import Requirement
 
 from deploykit import DISTRIBUTION
 from deploykit.fixes.penalties import PROCESSOR
+from deploykit.results.record import ResultRecord
+from deploykit.results.sql.store import open_store
 from deploykit.smoke.fix_check import PLUGIN_NOT_LOADED
-from deploykit.store import ResultRecord, open_store
 from tests.e2e.test_serve_e2e import command_env
 from tests.render.test_helm import find_helm
 from tests.vllm_harness import REPO, running_vllm, tiny_serve_args

@@ -26,7 +26,8 @@ from typing import Any
 import pytest
 
 from deploykit.net import free_port, port_in_use
-from deploykit.store import ResultRecord, open_store
+from deploykit.results.record import ResultRecord
+from deploykit.results.sql.store import open_store
 from tests.e2e.serve_helpers import (
     CommandRun,
     dump_store,

@@ -66,7 +66,7 @@ VENV_PYTHON = f"{PREFIX}/bin/python"
 
 ROWS = """
 import json
-from deploykit.store import open_store
+from deploykit.results.sql.store import open_store
 store = open_store()
 print(json.dumps([[r.command, r.stage, r.verdict, r.diagnosis] for r in reversed(store.recent(limit=100))]))
 store.close()

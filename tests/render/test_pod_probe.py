@@ -415,7 +415,7 @@ def test_the_command_imports_the_standard_library_only(pod: Pod, vllm: _Server) 
     found = json.loads(report)
     assert found["code"] == 1 and line.startswith("live: FAIL: canary says corrupt")  # it read everything
     ours = [m for m in found["modules"] if m.split(".")[0] == "deploykit"]
-    assert ours == ["deploykit", "deploykit.render", "deploykit.render.pod_probe"]
+    assert ours == ["deploykit", "deploykit.exit_codes", "deploykit.render", "deploykit.render.pod_probe"]
     others = [
         m
         for m in found["modules"]

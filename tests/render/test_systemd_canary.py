@@ -199,7 +199,7 @@ def test_an_unreadable_ledger_line_is_ignored(tmp_path: Path) -> None:
 
 
 def test_the_decision_row_is_stored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from deploykit.store import open_store
+    from deploykit.results.sql.store import open_store
 
     url = f"sqlite:///{tmp_path / 'results.sqlite'}"
     monkeypatch.setenv("DEPLOYKIT_STORE", url)

@@ -12,6 +12,7 @@ from deploykit.plan import Plan, make_plan
 from deploykit.probe.facts import ProbeFacts
 from deploykit.profile.load import parse_profile
 from deploykit.profile.schema import LoadedProfile
+from deploykit.results.record import ResultRecord
 from deploykit.serve.console import LogFollower
 from deploykit.serve.helpers import (
     REDACTED,
@@ -25,7 +26,6 @@ from deploykit.serve.helpers import (
 )
 from deploykit.serve.signals import SignalGate
 from deploykit.serve.stages import StageFailure, launch_environment
-from deploykit.store import ResultRecord
 
 PROFILE = """
 name: secretive

@@ -11,10 +11,10 @@ import pytest
 
 from deploykit import exit_codes
 from deploykit.errors import MissingPackageError
+from deploykit.results.record import ResultRecord, Verdict
 from deploykit.serve.driver import INPUT_STAGES, Stage, StageClock, drive, exit_code
 from deploykit.serve.signals import Interrupted, forwarded_signals
 from deploykit.serve.stages import StageFailure
-from deploykit.store import ResultRecord, Verdict
 
 
 def record() -> ResultRecord:

@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 
 from deploykit import exit_codes
+from deploykit.results.record import ResultRecord
+from deploykit.results.sql.store import open_store
 from deploykit.serve import attempt as attempt_module
 from deploykit.serve.attempt import run_serve
 from deploykit.serve.console import ConsoleUI
 from deploykit.serve.options import ServeOptions
-from deploykit.store import ResultRecord, open_store
 from tests.vllm_harness import REPO
 
 

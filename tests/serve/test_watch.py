@@ -18,13 +18,13 @@ from deploykit.canary.config import config_for_profile
 from deploykit.canary.listener import serve_http
 from deploykit.canary.state import CanaryState
 from deploykit.profile.load import load_profile
+from deploykit.results.sql.store import open_store
 from deploykit.serve import watch
 from deploykit.serve.console import ConsoleUI
 from deploykit.serve.options import ServeOptions
 from deploykit.serve.signals import SignalGate
 from deploykit.serve.stages import Attempt
 from deploykit.serve.watch import CanaryWatch, RestartBudget
-from deploykit.store import open_store
 from tests.canary.test_canary import GOOD, MISS, WRONG, make, stored
 
 FACTS = Path(__file__).resolve().parents[1] / "fixtures" / "facts"

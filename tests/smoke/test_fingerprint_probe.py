@@ -15,9 +15,10 @@ import pytest
 from deploykit.canary.runner import Canary, CanaryConfig
 from deploykit.fleet_baseline import FingerprintCheck, fingerprint_case
 from deploykit.profile.schema import SmokeCase
+from deploykit.results.record import ResultRecord
+from deploykit.results.sql.store import open_store
 from deploykit.smoke import SmokeReport
 from deploykit.smoke.fingerprint_probe import ProbeFailed, ProbeUnstable, take_fingerprint
-from deploykit.store import ResultRecord, open_store
 
 PARTS = {"model": "m", "dtype": "float32", "probe_set": 1}
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
+from deploykit.results.sql.store import open_store
 from deploykit.smoke import SmokeRequest, run_smoke
-from deploykit.store import open_store
 from tests.smoke.hostile_server import JSON_MODES, MODEL, Hostile
 
 REPO = Path(__file__).resolve().parents[2]

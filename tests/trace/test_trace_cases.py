@@ -11,8 +11,8 @@ import pytest
 
 from deploykit import exit_codes
 from deploykit.profile.load import load_profile
+from deploykit.results.sql.store import open_store
 from deploykit.serve.stages import StageFailure
-from deploykit.store import open_store
 from deploykit.trace.run import TraceOptions, run_trace, trace_cases
 
 

@@ -39,7 +39,7 @@ def trace(profile: Path, tmp_path: Path, **options: object) -> tuple[int, TraceR
 
 
 def stored_rows(tmp_path: Path) -> list[object]:
-    from deploykit.store import open_store
+    from deploykit.results.sql.store import open_store
 
     store = open_store(f"sqlite:///{tmp_path / 'results.sqlite'}")
     try:

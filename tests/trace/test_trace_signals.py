@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 
 from deploykit.net import port_in_use
+from deploykit.results.record import ResultRecord
+from deploykit.results.sql.store import open_store
 from deploykit.serve.helpers import argv_value
-from deploykit.store import ResultRecord, open_store
 from tests.trace.models import write_profile
 from tests.vllm_harness import REPO
 

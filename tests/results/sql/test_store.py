@@ -7,7 +7,6 @@ import json
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -16,36 +15,16 @@ import sqlalchemy as sa
 from typer.testing import CliRunner
 
 from deploykit.cli import app
+from deploykit.errors import StoreError
 from deploykit.paths import default_store_url
+from deploykit.results.record import ResultRecord
+from deploykit.results.sql.engine import create_store_engine
+from deploykit.results.sql.schema import MIGRATIONS_TABLE, SCHEMA_VERSION, results_table
+from deploykit.results.sql.store import SqlStore, open_store
+from deploykit.results.urls import display_url, normalise_url
 from deploykit.smoke import CaseResult
-from deploykit.store import (
-    MIGRATIONS_TABLE,
-    SCHEMA_VERSION,
-    ResultRecord,
-    Store,
-    StoreError,
-    _results_table,
-    create_store_engine,
-    display_url,
-    normalise_url,
-    open_store,
-)
-from tests.e2e.serve_helpers import BACKENDS, fresh_store_url
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(params=BACKENDS)
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    with fresh_store_url(request.param, tmp_path) as url:
-        yield url
-
-
-@pytest.fixture()
-def store(store_url: str) -> Iterator[Store]:
-    opened = open_store(store_url)
-    yield opened
-    opened.close()
+REPO = Path(__file__).resolve().parents[3]
 
 
 def full_record(profile: str = "demo-cpu", verdict: str = "pass") -> ResultRecord:
@@ -83,7 +62,7 @@ def full_record(profile: str = "demo-cpu", verdict: str = "pass") -> ResultRecor
     )
 
 
-def test_a_record_comes_back_exactly(store: Store) -> None:
+def test_a_record_comes_back_exactly(store: SqlStore) -> None:
     record = full_record()
     result_id = store.add(record)
     stored = store.get(result_id)
@@ -94,7 +73,7 @@ def test_a_record_comes_back_exactly(store: Store) -> None:
     assert store.get(result_id + 1000) is None
 
 
-def test_recent_lists_newest_first_and_filters_by_profile(store: Store) -> None:
+def test_recent_lists_newest_first_and_filters_by_profile(store: SqlStore) -> None:
     ids = [store.add(full_record(profile=name)) for name in ("a", "b", "a", "c")]
     assert [r.id for r in store.recent()] == list(reversed(ids))
     assert [r.id for r in store.recent(limit=2)] == [ids[3], ids[2]]
@@ -113,11 +92,11 @@ def test_schema_is_versioned_and_opening_again_migrates_nothing(store_url: str) 
 
 
 def test_an_old_store_is_migrated_and_keeps_its_rows(store_url: str) -> None:
-    old = Store(create_store_engine(store_url), store_url)
+    old = SqlStore(create_store_engine(store_url), store_url)
     assert old.migrate(up_to=1) == [1]
     assert old.schema_version() == 1
     # A row as deploykit wrote it at schema version 1 (no fixes_active column yet).
-    v1_table = _results_table(sa.MetaData(), schema_version=1)
+    v1_table = results_table(sa.MetaData(), schema_version=1)
     later = {"id", "fixes_active", "fingerprint", "row_uuid"}
     row = full_record(profile="from-v1").model_dump(mode="json", exclude=later)
     row["created_at"] = datetime.now(UTC)
@@ -140,7 +119,7 @@ def test_an_old_store_is_migrated_and_keeps_its_rows(store_url: str) -> None:
     upgraded.close()
 
 
-def test_a_store_from_a_newer_deploykit_is_refused(store: Store, store_url: str) -> None:
+def test_a_store_from_a_newer_deploykit_is_refused(store: SqlStore, store_url: str) -> None:
     with store.engine.begin() as conn:
         conn.execute(
             sa.insert(MIGRATIONS_TABLE).values(version=99, description="future", applied_at=datetime.now(UTC))
@@ -152,7 +131,8 @@ def test_a_store_from_a_newer_deploykit_is_refused(store: Store, store_url: str)
 _WRITER = textwrap.dedent(
     """
     import sys
-    from deploykit.store import ResultRecord, open_store
+    from deploykit.results.record import ResultRecord
+    from deploykit.results.sql.store import open_store
     url, tag, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
     store = open_store(url)  # both writers race on a store that does not exist yet
     for i in range(count):
@@ -180,7 +160,7 @@ def test_two_processes_writing_at_once_lose_no_row(store_url: str) -> None:
         )
 
 
-def test_cli_lists_and_shows_results(store: Store, store_url: str) -> None:
+def test_cli_lists_and_shows_results(store: SqlStore, store_url: str) -> None:
     passed = store.add(full_record(profile="demo-cpu"))
     failed = store.add(full_record(profile="nan-model", verdict="fail"))
     runner = CliRunner()
@@ -233,7 +213,7 @@ def test_unreachable_postgres_is_a_clear_error() -> None:
         open_store("postgresql://nobody:pw@127.0.0.1:9/none?connect_timeout=2")
 
 
-def _insert_raw(store: Store, **changes: object) -> int:
+def _insert_raw(store: SqlStore, **changes: object) -> int:
     """A row as another writer (a newer deploykit) might leave it: the columns as given, raw."""
     row: dict[str, object] = {
         "created_at": datetime(2030, 1, 1, tzinfo=UTC),
@@ -249,12 +229,12 @@ def _insert_raw(store: Store, **changes: object) -> int:
         **changes,
     }
     with store.engine.begin() as conn:
-        table = _results_table(sa.MetaData())
+        table = results_table(sa.MetaData())
         return int(conn.execute(sa.insert(table).values(**row).returning(table.c.id)).scalar_one())
 
 
 def test_a_row_this_deploykit_cannot_read_is_reported_as_such_and_the_rest_still_show(
-    store: Store, store_url: str
+    store: SqlStore, store_url: str
 ) -> None:
     """A newer deploykit sharing the store writes a verdict, a command or a JSON shape this one does not
     know: that row is listed as unreadable (with why), every other row as it is; no traceback."""
@@ -299,13 +279,13 @@ def test_a_cell_that_is_not_json_or_a_time_is_one_unreadable_row(tmp_path: Path)
     assert "versions is not JSON" in rows[1].diagnosis and "'garbage' is not a time" in rows[0].diagnosis
 
 
-def test_an_id_or_limit_past_what_sql_stores_is_no_row_not_an_overflow(store: Store) -> None:
+def test_an_id_or_limit_past_what_sql_stores_is_no_row_not_an_overflow(store: SqlStore) -> None:
     store.add(full_record())
     assert store.get(10**20) is None and store.get(0) is None
     assert len(store.recent(limit=10**20)) == 1
 
 
-def test_an_unreadable_row_is_never_written_back(store: Store) -> None:
+def test_an_unreadable_row_is_never_written_back(store: SqlStore) -> None:
     with pytest.raises(StoreError, match="never written back"):
         store.add(ResultRecord(verdict="unreadable", stage="unreadable"))
 
@@ -321,7 +301,7 @@ def test_an_empty_store_url_is_refused_not_taken_for_the_default() -> None:
         open_store("")
 
 
-def test_a_stored_base_url_never_keeps_its_password(store: Store) -> None:
+def test_a_stored_base_url_never_keeps_its_password(store: SqlStore) -> None:
     record = full_record().model_copy(update={"base_url": "http://user:S3cret@h:8000/?api_key=S3cret"})
     row_id = store.add(ResultRecord.model_validate(record.model_dump()))
     stored = store.get(row_id)

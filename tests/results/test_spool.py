@@ -20,8 +20,9 @@ import sqlalchemy as sa
 
 from deploykit.canary.runner import Canary, CanaryConfig
 from deploykit.profile.schema import SmokeCase
-from deploykit.spool import pending
-from deploykit.store import ResultRecord, open_store
+from deploykit.results.record import ResultRecord
+from deploykit.results.spool import pending
+from deploykit.results.sql.store import open_store
 from tests.canary.test_canary import GOOD, WRONG, Clock, Script
 from tests.e2e.serve_helpers import fresh_pg_url
 from tests.http_server import serving
@@ -178,11 +179,13 @@ def test_a_passing_smoke_of_a_real_vllm_whose_store_is_cut_exits_0_and_its_row_a
         store_proxy.close()
 
 
-_REPLAYER = "import sys; from deploykit.store import open_store; s = open_store(sys.argv[1]); s.close()"
+_REPLAYER = (
+    "import sys; from deploykit.results.sql.store import open_store; s = open_store(sys.argv[1]); s.close()"
+)
 
 
 def test_two_processes_replaying_one_spool_at_once_write_each_row_once(pg_url: str) -> None:
-    from deploykit.spool import keep
+    from deploykit.results.spool import keep
 
     records = [ResultRecord(command="canary", verdict="pass", stage="heartbeat") for _ in range(20)]
     for record in records:

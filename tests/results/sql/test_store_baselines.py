@@ -5,19 +5,18 @@ confirmation by another host, the disputed start the third replica decides, pin 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 
-import pytest
 import sqlalchemy as sa
 from typer.testing import CliRunner
 
 from deploykit.cli import app
 from deploykit.fleet_baseline import FingerprintCheck, judge_against, key_digest
+from deploykit.results.record import ResultRecord
+from deploykit.results.sql.engine import create_store_engine
+from deploykit.results.sql.schema import results_table
+from deploykit.results.sql.store import SqlStore, open_store
 from deploykit.smoke.fingerprint import Fingerprint, ProbeAnswer, logprob_tolerance
-from deploykit.store import ResultRecord, Store, _results_table, create_store_engine, open_store
-from tests.e2e.serve_helpers import BACKENDS, fresh_store_url
 
 PARTS = {
     "model": "builtin:tiny-llama",
@@ -34,19 +33,6 @@ KEY = key_digest(PARTS)
 TOLERANCE = logprob_tolerance("float32")
 
 
-@pytest.fixture(params=BACKENDS)
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    with fresh_store_url(request.param, tmp_path) as url:
-        yield url
-
-
-@pytest.fixture()
-def store(store_url: str) -> Iterator[Store]:
-    opened = open_store(store_url)
-    yield opened
-    opened.close()
-
-
 def fingerprint(first_id: int) -> Fingerprint:
     answers = [
         ProbeAnswer(prompt="p", ids=[first_id, 7], top=[{first_id: -0.5, 1: -0.6}, {7: -0.1, 2: -3.0}])
@@ -54,7 +40,7 @@ def fingerprint(first_id: int) -> Fingerprint:
     return Fingerprint(dtype="float32", key=KEY, key_parts=PARTS, answers=answers, tolerance=TOLERANCE)
 
 
-def run_on(store: Store, host: str, first_id: int) -> tuple[int, Fingerprint]:
+def run_on(store: SqlStore, host: str, first_id: int) -> tuple[int, Fingerprint]:
     """What a start-up smoke does: judge against the active baseline, then store the row (pass or fail)."""
     mine = fingerprint(first_id)
     mine.comparison = judge_against(mine, store.active_baseline(KEY), store, host)
@@ -70,7 +56,7 @@ def run_on(store: Store, host: str, first_id: int) -> tuple[int, Fingerprint]:
 
 
 def test_the_first_healthy_run_becomes_a_provisional_baseline_and_another_host_confirms_it(
-    store: Store,
+    store: SqlStore,
 ) -> None:
     row_a, first = run_on(store, "host-a", 5)
     assert first.comparison is not None and first.comparison.verdict == "new"
@@ -96,7 +82,9 @@ def test_the_first_healthy_run_becomes_a_provisional_baseline_and_another_host_c
     assert store.active_baseline(KEY).result_id == row_a  # type: ignore[union-attr]
 
 
-def test_two_replicas_that_disagree_from_the_start_pick_neither_and_the_third_decides(store: Store) -> None:
+def test_two_replicas_that_disagree_from_the_start_pick_neither_and_the_third_decides(
+    store: SqlStore,
+) -> None:
     row_a, _ = run_on(store, "host-a", 9)  # the faulty one happened to start first
     row_b, second = run_on(store, "host-b", 5)
     assert second.comparison is not None and second.comparison.verdict == "disputed"
@@ -114,19 +102,19 @@ def test_two_replicas_that_disagree_from_the_start_pick_neither_and_the_third_de
     assert row_c > row_b
 
 
-def test_the_same_host_disagreeing_with_its_own_baseline_is_a_mismatch(store: Store) -> None:
+def test_the_same_host_disagreeing_with_its_own_baseline_is_a_mismatch(store: SqlStore) -> None:
     run_on(store, "host-a", 5)
     _, later = run_on(store, "host-a", 9)
     assert later.comparison is not None and later.comparison.verdict == "mismatch"
 
 
-def test_a_failing_row_never_becomes_a_baseline(store: Store) -> None:
+def test_a_failing_row_never_becomes_a_baseline(store: SqlStore) -> None:
     record = ResultRecord(verdict="fail", stage="done", fingerprint=fingerprint(5))
     store.add(record)
     assert store.active_baseline(KEY) is None
 
 
-def test_pin_and_retire(store: Store, store_url: str) -> None:
+def test_pin_and_retire(store: SqlStore, store_url: str) -> None:
     row_a, _ = run_on(store, "host-a", 9)
     row_b, _ = run_on(store, "host-b", 5)  # disputed
     runner = CliRunner()
@@ -152,7 +140,7 @@ def test_pin_and_retire(store: Store, store_url: str) -> None:
     assert missing.exit_code != 0 and "no fingerprint to pin" in missing.output
 
 
-def test_a_change_of_any_key_part_starts_a_new_baseline_and_none_compares(store: Store) -> None:
+def test_a_change_of_any_key_part_starts_a_new_baseline_and_none_compares(store: SqlStore) -> None:
     run_on(store, "host-a", 5)
     same = FingerprintCheck(key_parts=dict(PARTS), dtype="float32")
     assert same.key == KEY and store.active_baseline(same.key) is not None
@@ -173,9 +161,9 @@ def test_a_change_of_any_key_part_starts_a_new_baseline_and_none_compares(store:
 
 
 def test_a_schema_3_store_is_migrated_and_its_rows_have_no_fingerprint(store_url: str) -> None:
-    old = Store(create_store_engine(store_url), store_url)
+    old = SqlStore(create_store_engine(store_url), store_url)
     assert old.migrate(up_to=3) == [1, 2, 3]
-    v3 = _results_table(sa.MetaData(), schema_version=3)
+    v3 = results_table(sa.MetaData(), schema_version=3)
     row = ResultRecord(verdict="pass", stage="done", profile_name="v3").model_dump(
         mode="json", exclude={"id", "fingerprint", "row_uuid"}
     )

@@ -1,6 +1,6 @@
 """A fingerprint judged against its key's baseline: match, mismatch, disputed, or the third replica that
 decides. Apart from deploykit.fleet_baseline (which takes fingerprints and keys them by a plan) so that the
-store can judge again, under the key's lock, a fingerprint that was `new` when taken (Store.add)."""
+store can judge again, under the key's lock, a fingerprint that was `new` when taken (`SqlStore.add`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 from deploykit.smoke.fingerprint import Comparison, Fingerprint, compare
 
 if TYPE_CHECKING:
-    from deploykit.store import Baseline, Store
+    from deploykit.results.baseline import Baseline
+    from deploykit.results.store import Store
 
 CASE_NAME = "fingerprint"
 

@@ -1,11 +1,11 @@
 """One row into the results store, the last step of every command that stores one (`serve`, its restarts,
 `smoke`, `trace`, the canary). A store that fails at that point (the server gone, the disk full) never
-loses the row: it is spooled (deploykit.spool) and written by the next command that reaches the store;
-the command says so in one line and exits as its verdict says.
+loses the row: it is spooled (deploykit.results.spool) and written by the next command that reaches the
+store; the command says so in one line and exits as its verdict says.
 
-A command that must not start work it cannot record opens its store first (`deploykit.store.open_store`,
-a `StoreError` before any model loads) and hands the opened store here; a row written later (while
-serving, by the canary) names the store by URL and it is opened for that row alone.
+A command that must not start work it cannot record opens its store first (`open_store`, a `StoreError`
+before any model loads) and hands the opened store here; a row written later (while serving, by the
+canary) names the store by URL and it is opened for that row alone.
 """
 
 from __future__ import annotations
@@ -13,8 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from deploykit.errors import StoreError
+
 if TYPE_CHECKING:
-    from deploykit.store import ResultRecord, Store, StoreError
+    from deploykit.results.record import ResultRecord
+    from deploykit.results.store import Store
 
 
 def store_row(
@@ -26,7 +29,7 @@ def store_row(
 ) -> tuple[int | None, str]:
     """Add `record` to `store` (an opened store, or a URL: None is the default store); returns the row's
     id and where it went. A store that cannot take it now: the row spooled, one `warn` line, a None id."""
-    from deploykit.store import StoreError, open_store
+    from deploykit.results.stores import open_store
 
     if store is None or isinstance(store, str):
         try:
@@ -56,8 +59,6 @@ def _url(store: str | None) -> str | None:
 def _add(
     record: ResultRecord, store: Store, warn: Callable[[str], None], what: str
 ) -> tuple[int | None, str]:
-    from deploykit.store import StoreError
-
     try:
         row_id = store.add(record)
     except StoreError as exc:
@@ -73,7 +74,7 @@ def _spool(
 ) -> str:
     """Keep the row for the next command that reaches the store; one line either way."""
     from deploykit.net import redact_url
-    from deploykit.spool import SpoolError, keep
+    from deploykit.results.spool import SpoolError, keep
 
     where = redact_url(url) if url else "the results store"
     if not exc.spoolable or url is None:

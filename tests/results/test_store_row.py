@@ -6,8 +6,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
-from deploykit.store import ResultRecord
-from deploykit.store_row import store_row
+from deploykit.results.record import ResultRecord
+from deploykit.results.store_row import store_row
 
 
 def _record() -> ResultRecord:
@@ -17,7 +17,7 @@ def _record() -> ResultRecord:
 
 
 def test_unreachable_store_is_one_line_that_hides_the_password_and_the_row_is_spooled() -> None:
-    from deploykit.spool import pending
+    from deploykit.results.spool import pending
 
     warnings: list[str] = []
     url = "postgresql://deploykit:S3cret-pw@127.0.0.1:1/results?connect_timeout=1"

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 from deploykit.files import make_private_dirs, replace_private
 
 if TYPE_CHECKING:
-    from deploykit.store import ResultRecord, Store
+    from deploykit.results.record import ResultRecord
+    from deploykit.results.store import Store
 
 SUFFIX = ".row.json"
 _UNREADABLE_SUFFIX = ".unreadable"
@@ -34,7 +35,7 @@ class SpoolError(OSError):
 def spool_dirs(store_url: str) -> list[Path]:
     """Where rows for the store at `store_url` are kept, in the order tried: beside a SQLite file, then
     the spool root's directory for this store."""
-    from deploykit.store import display_url, normalise_url
+    from deploykit.results.urls import display_url, normalise_url
 
     places: list[Path] = []
     normalised = normalise_url(store_url)
@@ -93,7 +94,8 @@ def replay(store: Store) -> int:
     renamed `.unreadable` and left for a person."""
     from pydantic import ValidationError
 
-    from deploykit.store import ResultRecord, StoreError
+    from deploykit.errors import StoreError
+    from deploykit.results.record import ResultRecord
 
     written = 0
     for path in pending(store.url):

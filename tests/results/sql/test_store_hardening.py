@@ -9,48 +9,28 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
 from deploykit import errors
+from deploykit.errors import StoreError
+from deploykit.results.record import ResultRecord
+from deploykit.results.sql.engine import create_store_engine
+from deploykit.results.sql.rows import check_fits
+from deploykit.results.sql.schema import column_limits, results_table
+from deploykit.results.sql.store import SqlStore, open_store
+from deploykit.results.store_row import store_row
 from deploykit.smoke import CaseResult
 from deploykit.smoke.fingerprint import Comparison
-from deploykit.store import (
-    ResultRecord,
-    Store,
-    StoreError,
-    _results_table,
-    check_fits,
-    column_limits,
-    create_store_engine,
-    open_store,
-)
-from deploykit.store_row import store_row
-from tests.e2e.serve_helpers import BACKENDS, fresh_store_url
-from tests.test_store_baselines import KEY, fingerprint
+from tests.results.sql.test_store_baselines import KEY, fingerprint
 from tests.vllm_harness import REPO
-
-
-@pytest.fixture(params=BACKENDS)
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    with fresh_store_url(request.param, tmp_path) as url:
-        yield url
-
-
-@pytest.fixture()
-def store(store_url: str) -> Iterator[Store]:
-    opened = open_store(store_url)
-    yield opened
-    opened.close()
-
 
 # --- inputs the store must hold -------------------------------------------------------------------------
 
 
-def test_a_long_profile_name_and_url_are_kept_whole_on_every_backend(store: Store) -> None:
+def test_a_long_profile_name_and_url_are_kept_whole_on_every_backend(store: SqlStore) -> None:
     """Formerly VARCHAR(200)/(500) on PostgreSQL: PASS printed, the row refused after the work."""
     url = "http://127.0.0.1:8000/" + "p" * 600
     row_id = store.add(ResultRecord(verdict="pass", stage="done", profile_name="n" * 250, base_url=url))
@@ -66,7 +46,7 @@ def test_a_value_past_a_column_limit_is_one_line_naming_field_and_limit_before_a
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")  # pydantic on the list where a str belongs: the point
-def test_a_row_that_would_not_read_back_is_refused_naming_the_field(store: Store) -> None:
+def test_a_row_that_would_not_read_back_is_refused_naming_the_field(store: SqlStore) -> None:
     """An answer's content as a list reached `text` unvalidated: the row was written and read `unreadable`."""
     fields = CaseResult(
         name="c", kind="chat", endpoint="/v1/chat/completions", model="m", passed=True
@@ -136,7 +116,9 @@ def test_results_list_reads_a_store_on_read_only_media(tmp_path: Path) -> None:
 _FILLS_THE_DISK = textwrap.dedent(
     """
     import sys
-    from deploykit.store import ResultRecord, StoreError, open_store
+    from deploykit.errors import StoreError
+    from deploykit.results.record import ResultRecord
+    from deploykit.results.sql.store import open_store
     store = open_store(sys.argv[1])
     try:
         for index in range(10_000):
@@ -172,9 +154,9 @@ def test_a_store_on_a_full_disk_says_the_disk_is_full(tmp_path: Path) -> None:
 
 
 def test_passwords_older_versions_wrote_into_base_url_are_scrubbed_from_the_database(store_url: str) -> None:
-    old = Store(create_store_engine(store_url), store_url)
+    old = SqlStore(create_store_engine(store_url), store_url)
     old.migrate(up_to=4)  # the schema of the previous release, without the additions
-    v4 = _results_table(sa.MetaData(), schema_version=4)
+    v4 = results_table(sa.MetaData(), schema_version=4)
     raw = {
         "created_at": sa.func.now(),
         "command": "smoke",
@@ -215,7 +197,7 @@ def _new_run(host: str, first_id: int) -> ResultRecord:
     return ResultRecord(hostname=host, verdict="pass", stage="done", fingerprint=mine, cases=[case])
 
 
-def test_two_replicas_that_compared_before_either_wrote_are_not_both_new(store: Store) -> None:
+def test_two_replicas_that_compared_before_either_wrote_are_not_both_new(store: SqlStore) -> None:
     first = store.add(_new_run("host-a", 5))
     agreeing = _new_run("host-b", 5)
     second = store.add(agreeing)
@@ -233,7 +215,7 @@ def test_two_replicas_that_compared_before_either_wrote_are_not_both_new(store: 
     assert not third.cases[0].passed and "differs" in third.cases[0].diagnosis
 
 
-def test_a_pin_names_its_own_row(store: Store) -> None:
+def test_a_pin_names_its_own_row(store: SqlStore) -> None:
     rows = [store.add(_new_run(f"host-{n}", 5)) for n in range(3)]
     for row in rows:
         assert store.pin_baseline(row).result_id == row

@@ -12,15 +12,15 @@ import subprocess
 import sys
 import tarfile
 import textwrap
-from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
-from deploykit.store import ADDITIONS, SCHEMA_VERSION, ResultRecord, open_store
-from tests.e2e.serve_helpers import BACKENDS, fresh_store_url
+from deploykit.results.record import ResultRecord
+from deploykit.results.sql.schema import ADDITIONS, SCHEMA_VERSION
+from deploykit.results.sql.store import open_store
 from tests.http_server import serving
 from tests.vllm_harness import REPO
 
@@ -44,12 +44,6 @@ def previous_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with tarfile.open(archive) as tar:
         tar.extractall(folder, filter="data")
     return folder
-
-
-@pytest.fixture(params=BACKENDS)
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    with fresh_store_url(request.param, tmp_path) as url:
-        yield url
 
 
 def run_previous(release: Path, *argv: str) -> subprocess.CompletedProcess[str]:
