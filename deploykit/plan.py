@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from deploykit import __version__, net
+from deploykit import argv as argv_reader
 from deploykit.advisories import (
     Advice,
     AdvisoryOutcome,
@@ -46,7 +47,6 @@ _TYPED_FLAGS = {
     "--dtype": "serve.dtype",
     "--max-model-len": "serve.max_model_len",
     "--tensor-parallel-size": "serve.tensor_parallel_size",
-    "-tp": "serve.tensor_parallel_size",
     "--gpu-memory-utilization": "serve.gpu_memory_utilization",
     "--enforce-eager": "serve.enforce_eager",
     "--max-num-seqs": "serve.max_num_seqs",
@@ -60,7 +60,7 @@ _TYPED_FLAGS = {
 }
 
 
-def _owned_flags() -> dict[str, str]:
+def owned_flags() -> dict[str, str]:
     """Each flag the profile's typed settings own → that setting; a fix's LAUNCH_FLAGS are `fixes.NAME`'s."""
     fix_flags = {flag: f"fixes.{name}" for name in FIX_NAMES for flag in load_fix(name).LAUNCH_FLAGS}
     return {**_TYPED_FLAGS, **fix_flags}
@@ -414,15 +414,25 @@ def build_env(
     return env, secrets
 
 
+_SECRET_FLAGS = ("--api-key", "--hf-token")
+
+
 def _extra_arg_conflicts(profile: Profile) -> list[str]:
+    """A flag the profile's typed settings (or a fix) own, or a secret's flag, set again in extra_args, in
+    any spelling vLLM's parser reads as it (deploykit.argv.owned_flag): one line per word, naming the flag."""
     errors = []
-    owned = _owned_flags()
+    owned = owned_flags()
     for arg in profile.serve.extra_args:
-        flag = arg.split("=", 1)[0]
-        if flag in owned:
-            errors.append(f"serve.extra_args sets {flag}; use the profile field `{owned[flag]}` instead")
-        if flag in ("--api-key", "--hf-token"):
-            errors.append(f"serve.extra_args must not carry {flag}: secrets never go in argv")
+        flag = argv_reader.owned_flag(arg, owned)
+        if flag is not None:
+            written = arg.split("=", 1)[0]
+            spelling = "" if written == flag else f" (written {written})"
+            errors.append(
+                f"serve.extra_args sets {flag}{spelling}; use the profile field `{owned[flag]}` instead"
+            )
+        secret = argv_reader.owned_flag(arg, _SECRET_FLAGS)
+        if secret is not None:
+            errors.append(f"serve.extra_args must not carry {secret}: secrets never go in argv")
     return errors
 
 

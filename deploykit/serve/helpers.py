@@ -1,5 +1,6 @@
-"""The pure pieces the stages share (serve/stages.py): the launch argv, secrets and their redaction, timings,
-exit codes and the verdict line. Nothing heavy (rich, SQLAlchemy, vLLM) at import, nothing that fails."""
+"""The pure pieces the stages share (serve/stages.py): the launch executable, secrets and their redaction,
+timings, exit codes and the verdict line (the argv is read and changed by deploykit.argv). Nothing heavy
+(rich, SQLAlchemy, vLLM) at import, nothing that fails."""
 
 from __future__ import annotations
 
@@ -25,20 +26,6 @@ _MIN_SECRET_LEN = 6
 
 
 # --- pure helpers -----------------------------------------------------------------------------------
-
-
-def with_port(argv: Sequence[str], port: int) -> list[str]:
-    """The argv with its `--port` value replaced (or added)."""
-    result = list(argv)
-    if "--port" in result:
-        result[result.index("--port") + 1] = str(port)
-    else:
-        result += ["--port", str(port)]
-    return result
-
-
-def argv_value(argv: Sequence[str], flag: str, default: str) -> str:
-    return argv[argv.index(flag) + 1] if flag in argv and argv.index(flag) + 1 < len(argv) else default
 
 
 def resolve_executable(argv: Sequence[str]) -> list[str]:

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from deploykit.argv import value_or
 from deploykit.net import port_in_use
-from deploykit.serve.helpers import argv_value
 from deploykit.store import ResultRecord, open_store
 from tests.trace.models import write_profile
 from tests.vllm_harness import REPO
@@ -112,7 +112,7 @@ def test_sigterm_with_vllm_running_stores_one_interrupted_row_and_stops_it(
     profile = write_profile(tmp_path, f"sig-{stage}", tiny_model_dir)
     row = _trace_stopped_at(stage, profile, tmp_path, deadline_s=600)
     assert row.plan is not None
-    port = int(argv_value(row.plan["argv"], "--port", "0"))
+    port = int(value_or(row.plan["argv"], "--port", "0"))
     assert not port_in_use(port, "127.0.0.1"), "the trace's vLLM outlived it"
 
 
