@@ -348,7 +348,7 @@ def decide_fixes(
 ) -> list[FixDecision]:
     decisions = []
     for name in FIX_NAMES:
-        mode = overrides.get(name, getattr(profile.fixes, name))
+        mode = overrides.get(name, profile.fixes.mode(name))
         decisions.append(load_fix(name).decide(inputs, mode))
     return decisions
 

@@ -19,6 +19,8 @@ from deploykit.fixes.base import (
     TURNED_OFF,
     Decision,
     DecisionInputs,
+    Fix,
+    FixAdvisory,
     FixDecision,
     FixError,
     FixMode,
@@ -38,6 +40,20 @@ if TYPE_CHECKING:
 NAME = "matmul_lora"
 SUMMARY = "LoRA linear layers through torch.matmul instead of punica's Triton kernels (NaN on Hopper)"
 PATCHES = "vllm.lora.punica_wrapper: PunicaWrapper*.add_lora_linear"
+# The known-bad combination it fixes, as the advisory catalog lists it (`deploykit advisories`).
+ADVISORY: FixAdvisory = {
+    "title": 'LoRA output becomes "!!!!" on Hopper',
+    "symptom": (
+        'punica\'s Triton LoRA kernel returns NaN on sm90 for long prompts; the text turns into "!!!!"'
+    ),
+    "references": [
+        {"number": 48590, "note": "lora_expand with block_n=128 outputs NaN on H20 (sm90)"},
+        {"number": 47869, "note": "the fp32 shrink buffer sends lora_expand down a NaN path"},
+        {"number": 52568, "note": "Qwen3.5 + dynamic LoRA on H20: all '!' past ~400 tokens, still on 0.28"},
+        {"number": 48638, "kind": "pr", "note": "block_n=32 on Hopper; open"},
+    ],
+    "vllm": {"evidence": "no merged fix (#48638 and the #47869 proposal are open)"},
+}
 
 
 # The Triton wrapper whose uninitialised shrink buffer the field report traced the NaN to.
@@ -486,3 +502,9 @@ def apply() -> str:
     cls = _resolve(check.target.rpartition(".")[0])
     patch_wrapper_class(cls)
     return check.target
+
+
+if TYPE_CHECKING:  # mypy holds this module to the Fix protocol
+    from deploykit.fixes import matmul_lora as _this_fix
+
+    _CHECKED: Fix = _this_fix

@@ -24,6 +24,7 @@ PROTOCOL = (
     "SUMMARY",
     "PATCHES",
     "LAUNCH_FLAGS",
+    "ADVISORY",
     "decide",
     "launch_args",
     "plan_warnings",
