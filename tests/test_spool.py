@@ -23,8 +23,8 @@ from deploykit.profile.schema import SmokeCase
 from deploykit.spool import pending
 from deploykit.store import ResultRecord, open_store
 from tests.canary.test_canary import GOOD, WRONG, Clock, Script
-from tests.e2e.serve_helpers import fresh_pg_url
 from tests.http_server import serving
+from tests.serve_helpers import fresh_pg_url
 from tests.tcp_proxy import TcpProxy, free_loopback_port
 from tests.vllm_harness import REPO, RunningServer
 

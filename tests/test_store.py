@@ -30,7 +30,7 @@ from deploykit.store import (
     normalise_url,
     open_store,
 )
-from tests.e2e.serve_helpers import BACKENDS, fresh_store_url
+from tests.serve_helpers import BACKENDS, fresh_store_url
 
 REPO = Path(__file__).resolve().parents[1]
 

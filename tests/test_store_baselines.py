@@ -17,7 +17,7 @@ from deploykit.cli import app
 from deploykit.fleet_baseline import FingerprintCheck, judge_against, key_digest
 from deploykit.smoke.fingerprint import Fingerprint, ProbeAnswer, logprob_tolerance
 from deploykit.store import ResultRecord, Store, _results_table, create_store_engine, open_store
-from tests.e2e.serve_helpers import BACKENDS, fresh_store_url
+from tests.serve_helpers import BACKENDS, fresh_store_url
 
 PARTS = {
     "model": "builtin:tiny-llama",

@@ -20,8 +20,8 @@ import pytest
 import sqlalchemy as sa
 
 from deploykit.store import ADDITIONS, SCHEMA_VERSION, ResultRecord, open_store
-from tests.e2e.serve_helpers import BACKENDS, fresh_store_url
 from tests.http_server import serving
+from tests.serve_helpers import BACKENDS, fresh_store_url
 from tests.vllm_harness import REPO
 
 PREVIOUS_RELEASE = "a4ccb8c"

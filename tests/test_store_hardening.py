@@ -29,7 +29,7 @@ from deploykit.store import (
     open_store,
 )
 from deploykit.store_row import store_row
-from tests.e2e.serve_helpers import BACKENDS, fresh_store_url
+from tests.serve_helpers import BACKENDS, fresh_store_url
 from tests.test_store_baselines import KEY, fingerprint
 from tests.vllm_harness import REPO
 

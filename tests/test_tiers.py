@@ -69,3 +69,20 @@ def test_the_fast_tier_collects_no_e2e_test_and_imports_no_vllm() -> None:
     assert len(collected) > 300
     assert not [n for n in collected if "/e2e/" in n or "_e2e.py" in n]
     assert "tests/test_tiers.py::test_the_fast_tier_collects_no_e2e_test_and_imports_no_vllm" in collected
+
+
+def test_no_test_outside_tests_e2e_imports_from_it() -> None:
+    """tests/e2e/ holds end-to-end tests only; what other tests share with them lives at tests/ level
+    (tests/serve_helpers.py, tests/gemma4_models.py), so a fast test never reaches into the slow tier."""
+    import ast
+
+    reaching = []
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        if "e2e" in path.relative_to(REPO / "tests").parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            reaching += [f"{path.relative_to(REPO)}: {n}" for n in names if n.startswith("tests.e2e")]
+    assert reaching == []

@@ -24,8 +24,8 @@ import pytest
 from deploykit.net import free_port
 from deploykit.store import ResultRecord, open_store
 from tests.e2e.drift_worker import FAULT_KEY, FROM_START_ENV, MARKER, WORKER_CLS
-from tests.e2e.serve_helpers import BACKENDS, CommandRun, deploykit_executable, fresh_store_url
 from tests.e2e.test_serve_e2e import START_TIMEOUT_S, command_env, demo_variant
+from tests.serve_helpers import BACKENDS, CommandRun, deploykit_executable, fresh_store_url
 from tests.vllm_harness import REPO, running_vllm, tiny_serve_args
 
 pytestmark = pytest.mark.e2e

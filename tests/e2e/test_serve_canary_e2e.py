@@ -33,8 +33,8 @@ from deploykit.canary.defaults import HUNG_AFTER_S
 from deploykit.net import free_port
 from deploykit.store import ResultRecord, open_store
 from tests.e2e.fault_worker import FAULT_KEY, TOKENS_ENV, WORKER_CLS
-from tests.e2e.serve_helpers import CommandRun, completion_streams, group_members
 from tests.e2e.test_serve_e2e import START_TIMEOUT_S, command_env, demo_variant
+from tests.serve_helpers import CommandRun, completion_streams, group_members
 from tests.vllm_harness import REPO
 
 pytestmark = pytest.mark.e2e
