@@ -19,7 +19,7 @@ from deploykit.profile.schema import FixMode, LoadedProfile
 from deploykit.vllm_compat import TESTED_VLLM
 from tests.vllm_releases.releases import NEXT_RELEASE
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FACTS_DIR = REPO / "tests" / "fixtures" / "facts"
 TESTED_IN = f"this deploykit {__version__} is tested with ({TESTED_VLLM})"
 UNPROVEN = "the fixes and launch flags are unproven there"
