@@ -17,7 +17,6 @@ from deploykit.profile.schema import SECRET_NAME
 
 if TYPE_CHECKING:
     from deploykit.plan import Plan
-    from deploykit.serve.console import ConsoleUI
     from deploykit.store import ResultRecord
 
 REDACTED = "***"
@@ -79,11 +78,3 @@ def exit_code_for(record: ResultRecord) -> int:
 
 def profile_issues(exc: Exception) -> str:
     return "; ".join(str(issue) for issue in getattr(exc, "issues", [])) or str(exc)
-
-
-def print_verdict(record: ResultRecord, result_id: int | None, where: str, ui: ConsoleUI) -> None:
-    """The verdict lines as the one driver prints them (serve/driver.py `finish`)."""
-    from deploykit.serve.driver import verdict_lines
-
-    for line in verdict_lines(record, result_id, where):
-        ui.say(line)
