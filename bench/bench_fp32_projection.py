@@ -59,8 +59,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
 
-    from tests.e2e.gemma4_models import gemma4_unified_in_one_process
     from tests.fixes.test_fp32_projection import build_embedder
+    from tests.gemma4_models import gemma4_unified_in_one_process
 
     with gemma4_unified_in_one_process() as gemma4_unified:
         measure(args.repeats, gemma4_unified, build_embedder)

@@ -32,7 +32,7 @@ from deploykit.canary.rotation import rotation_for  # noqa: E402
 from deploykit.canary.runner import Canary, CanaryConfig  # noqa: E402
 from deploykit.tinymodel import build_tiny_model  # noqa: E402
 from tests.e2e.fault_worker import FAULT_KEY, TOKENS_ENV, WORKER_CLS  # noqa: E402
-from tests.e2e.serve_helpers import completion_streams  # noqa: E402
+from tests.serve_helpers import completion_streams  # noqa: E402
 from tests.vllm_harness import running_vllm, tiny_serve_args  # noqa: E402
 
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import http.server
 import socket
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
 
 from deploykit import net
+from tests.http_server import serving
 
 
 def _has_ipv6_loopback() -> bool:
@@ -132,20 +132,12 @@ def test_health_ok_over_ipv6() -> None:
         def log_message(self, *args: object) -> None:
             pass
 
-    class Server(http.server.HTTPServer):
-        address_family = socket.AF_INET6
-
-    server = Server(("::1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        url = net.base_url("::", server.server_port)
-        assert url == f"http://[::1]:{server.server_port}"
+    with serving(Handler, host="::1") as served:
+        port = served.server.server_port
+        url = net.base_url("::", port)
+        assert url == f"http://[::1]:{port}" == served
         assert net.health_ok(net.health_url(url))
         assert not net.health_ok(f"{url}/nope")
-    finally:
-        server.shutdown()
-        server.server_close()
     assert not net.health_ok(net.health_url(url), timeout_s=0.5)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import heavy_at_import, needed_for_argv
+from tests.conftest import _COLLECTION_FAILURE, heavy_at_import, needed_for_argv
 from tests.vllm_harness import REPO
 
 
@@ -55,17 +55,47 @@ def test_a_tests_helper_that_imports_torch_is_followed() -> None:
     )
 
 
-def test_the_fast_tier_collects_no_e2e_test_and_imports_no_vllm() -> None:
-    """As `make check` collects: its own guard fails the run if collecting imported vLLM or torch."""
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "--fast", "--collect-only", "-q", "-p", "no:cacheprovider"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    collected = [line for line in result.stdout.splitlines() if "::" in line]
+def test_the_fast_tier_collects_no_e2e_test_and_imports_no_vllm(request: pytest.FixtureRequest) -> None:
+    """As `make check` collects: its own guard fails the run if collecting imported vLLM or torch. Inside
+    a `--fast` run of the whole tier that collection is this session's own (read, not repeated: a second
+    collection of the whole tier was the tier's slowest test); in any other run, a `pytest --fast
+    --collect-only` child."""
+    config = request.config
+    paths = {(config.invocation_params.dir / arg.split("::")[0]).resolve() for arg in config.args}
+    user_marks = not config.option.markexpr.startswith("not (")  # --fast's own expression, or more
+    narrowed = config.option.keyword or config.option.deselect or user_marks
+    whole_tier = config.getoption("--fast") and paths <= {REPO, REPO / "tests"} and not narrowed
+    if whole_tier:
+        failure = request.config.stash.get(_COLLECTION_FAILURE, (None, ""))[1]
+        assert failure == ""  # the session's guard: collecting imported neither vLLM nor torch
+        collected = [item.nodeid for item in request.session.items]
+    else:
+        result = subprocess.run(
+            [sys.executable, "-m", "pytest", "--fast", "--collect-only", "-q", "-p", "no:cacheprovider"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=REPO,
+        )
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        collected = [line for line in result.stdout.splitlines() if "::" in line]
     assert len(collected) > 300
     assert not [n for n in collected if "/e2e/" in n or "_e2e.py" in n]
     assert "tests/test_tiers.py::test_the_fast_tier_collects_no_e2e_test_and_imports_no_vllm" in collected
+
+
+def test_no_test_outside_tests_e2e_imports_from_it() -> None:
+    """tests/e2e/ holds end-to-end tests only; what other tests share with them lives at tests/ level
+    (tests/serve_helpers.py, tests/gemma4_models.py), so a fast test never reaches into the slow tier."""
+    import ast
+
+    reaching = []
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        if "e2e" in path.relative_to(REPO / "tests").parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            reaching += [f"{path.relative_to(REPO)}: {n}" for n in names if n.startswith("tests.e2e")]
+    assert reaching == []

@@ -139,7 +139,7 @@ def table_verdict(table: dict[str, Any], argv: list[str]) -> str:
         vllm_options.check_with_table(table, argv)
     except ArgvRejected:
         return "reject"
-    except vllm_options._NeedsLiveParser:
+    except vllm_options.NeedsLiveParser:
         return "live"
     return "accept"
 

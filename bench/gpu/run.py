@@ -972,8 +972,8 @@ def step_fp32_projection(step: Step, out: Path) -> None:
     import torch
 
     from deploykit.fixes import fp32_projection
-    from tests.e2e.gemma4_models import gemma4_unified_in_one_process
     from tests.fixes import test_fp32_projection as recipe
+    from tests.gemma4_models import gemma4_unified_in_one_process
 
     device = device_for(step)
     step.data["device"] = str(device)

@@ -1,5 +1,6 @@
-"""Known-bad combinations from the field, as data (catalog.yaml): which apply to a deployment, and the
-workaround the plan applies or prints. `deploykit advisories` lists them; docs/advisories.md."""
+"""Known-bad combinations from the field, as data (catalog.yaml, and each registered fix's ADVISORY): which
+apply to a deployment, and the workaround the plan applies or prints. `deploykit advisories` lists them;
+docs/advisories.md."""
 
 from deploykit.advisories.catalog import advisories, advisory_ids
 from deploykit.advisories.compute_dtype import ComputeDtype, quantization_method, resolve_compute_dtype

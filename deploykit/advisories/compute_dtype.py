@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from deploykit.advisories import argv as argv_reader
+from deploykit import argv as argv_reader
 from deploykit.probe.facts import GpuFacts
 
 DTYPE_NAMES = {
@@ -62,7 +62,7 @@ def quantization_method(argv: list[str], config: dict[str, Any]) -> str | None:
     """`--quantization` (or `-q`) when set, else the checkpoint's config.json `quantization_config`
     (local models only; None when there is no config.json to read, `none` when it has no quantization).
     NVFP4 is named `nvfp4` however the checkpoint spells it (modelopt_fp4, compressed-tensors' format)."""
-    named = argv_reader.flag_value(argv, "--quantization") or argv_reader.flag_value(argv, "-q")
+    named = argv_reader.flag_value(argv, "--quantization")
     if named:
         return "nvfp4" if named.lower() == "modelopt_fp4" else named.lower()
     quant = config.get("quantization_config")

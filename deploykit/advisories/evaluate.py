@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from deploykit.advisories import argv as argv_reader
+from deploykit import argv as argv_reader
 from deploykit.advisories.catalog import advisories as catalog_advisories
 from deploykit.advisories.facts import DeploymentFacts
 from deploykit.advisories.notes import note_text

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from deploykit.advisories import argv as argv_reader
+from deploykit import argv as argv_reader
 from deploykit.advisories.compute_dtype import ComputeDtype, quantization_method
 from deploykit.probe.facts import GpuFacts, GpuLink, ProbeFacts
 from deploykit.vllm_compat import parse_version, v1_runner_removed
@@ -117,9 +117,7 @@ def deployment_facts(
 ) -> DeploymentFacts:
     """The facts of one planned deployment; serving features come from its argv and env, the compute dtype
     from the plan's one resolution of it (deploykit.advisories.compute_dtype)."""
-    tensor_parallel = int(
-        argv_reader.flag_value(argv, "--tensor-parallel-size") or argv_reader.flag_value(argv, "-tp") or 1
-    )
+    tensor_parallel = int(argv_reader.flag_value(argv, "--tensor-parallel-size") or 1)
     used = facts.gpus[: max(gpu_count, tensor_parallel, 1)]
     eager = bool(argv_reader.flag_switch(argv, "--enforce-eager"))
     compilation = argv_reader.json_option(argv, "--compilation-config")

@@ -6,17 +6,35 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from enum import StrEnum
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from deploykit import errors
 from deploykit.installed import vllm_version_label
 from deploykit.probe.facts import GpuFacts
-from deploykit.profile.schema import FixMode as FixMode  # the modes a profile sets; defined with the schema
 
 if TYPE_CHECKING:
     from deploykit.trace_records import HeaderLine, ModuleLine
+
+
+class FixMode(StrEnum):
+    """What a profile (`fixes.NAME`) or `--fix NAME=...` asks of a fix."""
+
+    AUTO = "auto"
+    ON = "on"
+    OFF = "off"
+
+
+class FixAdvisory(TypedDict):
+    """A fix's entry in the advisory catalog (`deploykit advisories`), less what the registry gives: its id
+    (the name with dashes) and its action (the fix itself, applied by default). The fields are the
+    catalog's (docs/advisories.md); their conditions are the fix's decide(), so none are stated here."""
+
+    title: str
+    symptom: str
+    references: list[dict[str, Any]]
+    vllm: dict[str, Any]
 
 
 class Decision(StrEnum):
@@ -126,12 +144,13 @@ def upstream_guard(name: str, check: TargetCheck) -> str | None:
 
 
 class Fix(Protocol):
-    """What every fix module provides; mypy checks each module against it (see `deploykit.fixes`)."""
+    """What every fix module provides; mypy checks each module against it (each module's last lines)."""
 
     NAME: str  # the key used in profiles, `--fix` and DEPLOYKIT_FIXES
     SUMMARY: str  # one line for people
     PATCHES: str  # what in vLLM it changes
     LAUNCH_FLAGS: tuple[str, ...]  # the `vllm serve` flags launch_args may add: the fix owns them
+    ADVISORY: FixAdvisory  # its entry in the advisory catalog: the known-bad combination it fixes
 
     def decide(self, inputs: DecisionInputs, mode: FixMode) -> FixDecision:
         """Pure: no torch or vLLM import."""

@@ -23,6 +23,8 @@ from deploykit.fixes.base import (
     TURNED_OFF,
     Decision,
     DecisionInputs,
+    Fix,
+    FixAdvisory,
     FixDecision,
     FixError,
     FixMode,
@@ -40,6 +42,17 @@ if TYPE_CHECKING:
 NAME = "fp32_projection"
 SUMMARY = "Gemma4 Unified vision projection + LayerNorm in FP32 when the engine computes in FP16"
 PATCHES = "vllm.model_executor.models.gemma4_unified: vision embedder patch_dense / patch_ln2"
+# The known-bad combination it fixes, as the advisory catalog lists it (`deploykit advisories`).
+ADVISORY: FixAdvisory = {
+    "title": "Gemma4 Unified image requests emit token 0 forever in FP16",
+    "symptom": "the vision projection overflows FP16 and turns to NaN; every image request answers token 0",
+    "references": [
+        {"number": 48231, "note": "Gemma4 Unified FP16 overflow on a GPU without native BF16"},
+        {"number": 48233, "kind": "pr", "note": "FP32 projection; open, in no release"},
+        {"number": 40290, "note": "Gemma 4 vision under fp16 gives only <pad>"},
+    ],
+    "vllm": {"evidence": "open upstream: #48233 is in no release (checked 2026-12-02)"},
+}
 ARCHITECTURES = ("Gemma4UnifiedForConditionalGeneration",)
 
 TARGET_MODULE = "vllm.model_executor.models.gemma4_unified"
@@ -304,3 +317,9 @@ def apply() -> str:
     setattr(init_with_fp32_projection, PATCH_MARKER, True)
     embedder_class.__init__ = init_with_fp32_projection
     return TARGET
+
+
+if TYPE_CHECKING:  # mypy holds this module to the Fix protocol
+    from deploykit.fixes import fp32_projection as _this_fix
+
+    _CHECKED: Fix = _this_fix

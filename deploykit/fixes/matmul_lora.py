@@ -1,8 +1,9 @@
 """Matmul LoRA fix: replace punica's Triton `add_lora_linear` with plain torch matmuls on Hopper.
 
 See docs/fixes/matmul-lora.md. Decision rule here is pure; torch and vLLM are imported in functions only.
-The rule is per vLLM release: facts read from each release's source (SOURCE_FACTS, below) are shipped with
-deploykit (deploykit/vllm_tables) and read from the installed vLLM's files for a release not shipped.
+The rule is per vLLM release: facts read from each release's source (SOURCE_FACTS, _matmul_lora_source.py)
+are shipped with deploykit (deploykit/vllm_tables) and read from the installed vLLM's files for a release
+not shipped.
 """
 
 from __future__ import annotations
@@ -15,10 +16,21 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from deploykit.fixes._matmul_lora_source import CPU_OPS_FILE as CPU_OPS_FILE
+from deploykit.fixes._matmul_lora_source import CPU_OPS_MASK_NO_ADAPTER as CPU_OPS_MASK_NO_ADAPTER
+from deploykit.fixes._matmul_lora_source import EXPAND_OP_FILE as EXPAND_OP_FILE
+from deploykit.fixes._matmul_lora_source import EXPAND_SM90_SINGLE_STAGE as EXPAND_SM90_SINGLE_STAGE
+from deploykit.fixes._matmul_lora_source import SOURCE_FACTS as SOURCE_FACTS
+from deploykit.fixes._matmul_lora_source import cpu_ops_mask_no_adapter as cpu_ops_mask_no_adapter
+from deploykit.fixes._matmul_lora_source import expand_sm90_single_stage as expand_sm90_single_stage
+from deploykit.fixes._matmul_lora_source import read_source_facts as read_source_facts
+from deploykit.fixes._matmul_lora_source import release_source_facts
 from deploykit.fixes.base import (
     TURNED_OFF,
     Decision,
     DecisionInputs,
+    Fix,
+    FixAdvisory,
     FixDecision,
     FixError,
     FixMode,
@@ -28,7 +40,7 @@ from deploykit.fixes.base import (
     target_missing,
     upstream_guard,
 )
-from deploykit.installed import installed_vllm_version, vllm_version_label
+from deploykit.installed import vllm_version_label
 
 if TYPE_CHECKING:
     import torch
@@ -38,6 +50,20 @@ if TYPE_CHECKING:
 NAME = "matmul_lora"
 SUMMARY = "LoRA linear layers through torch.matmul instead of punica's Triton kernels (NaN on Hopper)"
 PATCHES = "vllm.lora.punica_wrapper: PunicaWrapper*.add_lora_linear"
+# The known-bad combination it fixes, as the advisory catalog lists it (`deploykit advisories`).
+ADVISORY: FixAdvisory = {
+    "title": 'LoRA output becomes "!!!!" on Hopper',
+    "symptom": (
+        'punica\'s Triton LoRA kernel returns NaN on sm90 for long prompts; the text turns into "!!!!"'
+    ),
+    "references": [
+        {"number": 48590, "note": "lora_expand with block_n=128 outputs NaN on H20 (sm90)"},
+        {"number": 47869, "note": "the fp32 shrink buffer sends lora_expand down a NaN path"},
+        {"number": 52568, "note": "Qwen3.5 + dynamic LoRA on H20: all '!' past ~400 tokens, still on 0.28"},
+        {"number": 48638, "kind": "pr", "note": "block_n=32 on Hopper; open"},
+    ],
+    "vllm": {"evidence": "no merged fix (#48638 and the #47869 proposal are open)"},
+}
 
 
 # The Triton wrapper whose uninitialised shrink buffer the field report traced the NaN to.
@@ -111,97 +137,6 @@ LAUNCH_FLAGS: tuple[str, ...] = ()
 
 def launch_args(inputs: DecisionInputs) -> list[str]:
     return []
-
-
-# --------------------------------------------------------------------------------------------------
-# Facts read from a release's source (with `ast`, never imported) that the rule above needs. The shipped
-# file of each supported release records them (tools/vllm_tables.py calls read_source_facts);
-# tests/vllm_releases holds the record to each release's source.
-# --------------------------------------------------------------------------------------------------
-
-CPU_OPS_FILE = "vllm/lora/ops/torch_ops/lora_ops.py"
-EXPAND_OP_FILE = "vllm/lora/ops/triton_ops/lora_expand_op.py"
-CPU_OPS_MASK_NO_ADAPTER = "lora_cpu_ops_mask_no_adapter"
-EXPAND_SM90_SINGLE_STAGE = "lora_expand_sm90_single_stage"
-_CPU_OPS = ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice")
-
-
-def cpu_ops_mask_no_adapter(source: str) -> bool | None:
-    """Do the torch LoRA ops (the CPU build's punica path) treat slot -1 as "no adapter"? True when each
-    of bgmv_shrink/expand/expand_slice clamps the slot index before indexing the weight stack and masks the
-    rows without an adapter (0.33); False when one indexes with the raw ids (0.32: -1 reads the last
-    adapter). None when one of the functions is not in `source`."""
-    functions = {node.name: node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.FunctionDef)}
-    if any(name not in functions for name in _CPU_OPS):
-        return None
-    for name in _CPU_OPS:
-        called = {
-            call.func.attr
-            for call in ast.walk(functions[name])
-            if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
-        }
-        if "clamp" not in called or not called & {"masked_fill", "where"}:
-            return False
-    return True
-
-
-def expand_sm90_single_stage(source: str) -> bool | None:
-    """Does lora_expand force one pipeline stage on compute capability 9.0 (vLLM 0.33's guard against
-    triton-lang/triton#9433)? None when `source` assigns no NUM_STAGES at all."""
-    tree = ast.parse(source)
-    if not any(
-        isinstance(node, ast.Assign)
-        and any(isinstance(t, ast.Name) and t.id == "NUM_STAGES" for t in node.targets)
-        for node in ast.walk(tree)
-    ):
-        return None
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.If) or "is_device_capability(90)" not in ast.unparse(node.test):
-            continue
-        for statement in ast.walk(node):
-            if (
-                isinstance(statement, ast.Assign)
-                and any(isinstance(t, ast.Name) and t.id == "NUM_STAGES" for t in statement.targets)
-                and isinstance(statement.value, ast.Constant)
-                and statement.value.value == 1
-            ):
-                return True
-    return False
-
-
-SOURCE_FACTS: dict[str, tuple[str, Callable[[str], bool | None]]] = {
-    CPU_OPS_MASK_NO_ADAPTER: (CPU_OPS_FILE, cpu_ops_mask_no_adapter),
-    EXPAND_SM90_SINGLE_STAGE: (EXPAND_OP_FILE, expand_sm90_single_stage),
-}
-
-
-def read_source_facts(vllm_root: Path) -> dict[str, bool | None]:
-    """SOURCE_FACTS of the vLLM whose files are under `vllm_root` (the folder that holds `vllm/`)."""
-    facts: dict[str, bool | None] = {}
-    for name, (relative, detector) in SOURCE_FACTS.items():
-        try:
-            facts[name] = detector((vllm_root / relative).read_text(encoding="utf-8"))
-        except (OSError, SyntaxError):
-            facts[name] = None
-    return facts
-
-
-def release_source_facts(vllm_version: str | None) -> dict[str, bool | None]:
-    """SOURCE_FACTS of the vLLM a plan targets: the shipped record of its release, else (a release not
-    shipped, installed here) read from the installed files without importing them, else {} (unknown)."""
-    from deploykit.vllm_compat import same_release
-    from deploykit.vllm_tables import shipped_source_facts
-
-    shipped = shipped_source_facts(vllm_version)
-    if shipped is not None:
-        return {name: shipped.get(name) for name in SOURCE_FACTS}
-    installed = installed_vllm_version()
-    if not vllm_version or not installed or not same_release(vllm_version, installed):
-        return {}
-    spec = importlib.util.find_spec("vllm")  # a top-level package: located, not imported
-    if spec is None or not spec.submodule_search_locations:
-        return {}
-    return read_source_facts(Path(next(iter(spec.submodule_search_locations))).parent)
 
 
 def plan_warnings(inputs: DecisionInputs, decision: FixDecision) -> list[str]:
@@ -486,3 +421,9 @@ def apply() -> str:
     cls = _resolve(check.target.rpartition(".")[0])
     patch_wrapper_class(cls)
     return check.target
+
+
+if TYPE_CHECKING:  # mypy holds this module to the Fix protocol
+    from deploykit.fixes import matmul_lora as _this_fix
+
+    _CHECKED: Fix = _this_fix

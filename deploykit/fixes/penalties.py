@@ -19,6 +19,8 @@ from deploykit.fixes.base import (
     TURNED_OFF,
     Decision,
     DecisionInputs,
+    Fix,
+    FixAdvisory,
     FixDecision,
     FixError,
     FixMode,
@@ -36,8 +38,24 @@ if TYPE_CHECKING:
 NAME = "device_penalties"
 SUMMARY = "repetition/presence/frequency penalties on the device, O(batch) host work per step"
 PATCHES = "vLLM V1 model runner's host penalty path; adds a V1-interface logits processor"
+# The known-bad combination it fixes, as the advisory catalog lists it (`deploykit advisories`).
+ADVISORY: FixAdvisory = {
+    "title": "sampling penalties make TPOT 4-7x worse under load (V1 model runner)",
+    "symptom": "V1 rebuilds the padded token history on the host every step when any request uses penalties",
+    "references": [{"number": 47540, "kind": "pr", "note": "keep penalty statistics between steps; open"}],
+    "vllm": {
+        "fixed_in": "0.34.0",
+        # Not fixed upstream: obsolete. 0.34.0 deleted the V1 model runner with its host penalty path
+        # (vllm/v1/sample/ops/penalties.py, vllm.v1.sample.logits_processor), so nothing it describes exists.
+        "evidence": (
+            "open upstream (#47540) up to 0.33; vLLM 0.34.0 removed the V1 model runner, so the host-side "
+            "penalty cost cannot happen there: the V2 runner keeps bin counts on the GPU "
+            "(see v2-penalty-table)"
+        ),
+    },
+}
 PROCESSOR = "deploykit.fixes.penalties:DevicePenaltiesProcessor"
-LAUNCH_FLAGS = ("--logits-processors",)
+LAUNCH_FLAGS: tuple[str, ...] = ("--logits-processors",)
 
 
 def decide(inputs: DecisionInputs, mode: FixMode) -> FixDecision:
@@ -129,3 +147,9 @@ def __getattr__(name: str) -> Any:
 
         return DevicePenaltiesProcessor
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+if TYPE_CHECKING:  # mypy holds this module to the Fix protocol
+    from deploykit.fixes import penalties as _this_fix
+
+    _CHECKED: Fix = _this_fix

@@ -9,12 +9,22 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, Literal, cast, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from deploykit.errors import ProfileError as ProfileError  # defined once, in deploykit.errors
 from deploykit.errors import ProfileIssue as ProfileIssue
+from deploykit.fixes import FIX_NAMES
+from deploykit.fixes.base import FixMode as FixMode  # the modes a profile sets: the fixes' vocabulary
 
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_MODELS = ("tiny-llama",)
@@ -26,12 +36,6 @@ _SECRET_VALUE = re.compile(
     r"|glpat-[A-Za-z0-9_-]{16,}|xox[abprs]-[A-Za-z0-9-]{10,}|AKIA[0-9A-Z]{16})"
 )
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-class FixMode(StrEnum):
-    AUTO = "auto"
-    ON = "on"
-    OFF = "off"
 
 
 class AdvisoryMode(StrEnum):
@@ -161,10 +165,25 @@ class Requires(_Strict):
     gpu_count: Annotated[int, Field(ge=1)] = 1
 
 
-class FixModes(_Strict):
-    fp32_projection: FixMode = FixMode.AUTO
-    matmul_lora: FixMode = FixMode.AUTO
-    device_penalties: FixMode = FixMode.AUTO
+class FixModesBase(_Strict):
+    """The profile's `fixes:` section: one mode per fix of the registry (FixModes is built from it)."""
+
+    def mode(self, name: str) -> FixMode:
+        """The mode the profile sets for the registered fix `name`."""
+        return cast(FixMode, getattr(self, name))
+
+
+def _fix_modes_model() -> type[FixModesBase]:
+    """`fixes:` as a model with one field per registered fix (deploykit.fixes), in registry order: what a
+    profile may set, its located errors and the JSON schema all follow the registry, never a hand list."""
+    fields: dict[str, Any] = {name: (FixMode, FixMode.AUTO) for name in FIX_NAMES}
+    return create_model("FixModes", __base__=FixModesBase, __module__=__name__, **fields)
+
+
+if TYPE_CHECKING:
+    FixModes = FixModesBase
+else:
+    FixModes = _fix_modes_model()
 
 
 class Workload(_Strict):
@@ -283,6 +302,9 @@ class Profile(_Strict):
                 section = section[part]
             if section[last] == default:
                 del section[last]
+        for name in [n for n, mode in dumped["fixes"].items() if n not in _FIXES_IN_FIRST_IDS]:
+            if dumped["fixes"][name] == FixMode.AUTO.value:
+                del dumped["fixes"][name]  # a fix registered later, left at auto: the id stays
         canonical = json.dumps(dumped, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -291,6 +313,9 @@ class Profile(_Strict):
         return self.model.served_name or self.name
 
 
+# The fixes that were registered when profile ids were first stored (a historical fact, never edited): a fix
+# registered since is left out of the id while the profile leaves it at auto (see Profile.profile_id).
+_FIXES_IN_FIRST_IDS = ("fp32_projection", "matmul_lora", "device_penalties")
 # Fields added since profile ids were first stored (see Profile.profile_id), with their defaults in JSON form.
 _LATER_FIELD_DEFAULTS: dict[tuple[str, ...], object] = {
     ("advisories",): {},

@@ -12,7 +12,8 @@ wall: a string from elsewhere (a facts file, an option) can never add a line to 
 - `systemd_user`: User=/Group=: a valid user name or nothing.
 - `comment`: text inside a `#` comment line of a unit or a YAML file: one line whatever it holds.
 - `yaml_scalar`: one double-quoted YAML (= JSON) string (Chart.yaml; values.yaml is dumped by PyYAML).
-Shell words are `shlex.quote`'s, in `deploykit plan --format shell` (deploykit/plan.py), the one shell writer.
+Shell words are `shlex.quote`'s, in `deploykit plan --format shell` (deploykit/plan/model.py, Plan.shell),
+the one shell writer.
 """
 
 from __future__ import annotations

@@ -14,10 +14,11 @@ import time
 from typing import TYPE_CHECKING
 
 from deploykit import net
+from deploykit.argv import value_or, with_port
 from deploykit.paths import default_log_dir
 from deploykit.serve.console import ConsoleUI, LogFollower
 from deploykit.serve.driver import Stage, exit_code, finish
-from deploykit.serve.helpers import argv_value, redact, secret_values, with_port
+from deploykit.serve.helpers import redact, secret_values
 from deploykit.serve.options import ServeOptions as ServeOptions
 from deploykit.serve.signals import forwarded_signals
 from deploykit.serve.stages import (
@@ -105,8 +106,8 @@ def _prepare_and_launch(attempt: Attempt, ui: ConsoleUI) -> None:
         raise StageFailure(Stage.PLAN, f"refused: {exposure}")
     for warning in plan.warnings:
         ui.warn(warning)
-    host = argv_value(argv, "--host", "127.0.0.1")
-    port = int(argv_value(argv, "--port", "8000"))
+    host = value_or(argv, "--host", "127.0.0.1")
+    port = int(value_or(argv, "--port", "8000"))
     attempt.base_url = net.base_url(host, port)
 
     attempt.enter(Stage.PORT)

@@ -59,6 +59,17 @@ class Tracked(Protocol):
     timings: dict[str, float | None]
 
 
+class StageFailure(DeploykitError):
+    """An attempt ended before a verdict; `stage` says where (`profile`, `plan`, `port`, `secrets`, `model`,
+    `launch`, `startup`, ...). The attempt's row carries the message."""
+
+    exit_code = exit_codes.FAILED
+
+    def __init__(self, stage: str | Stage, message: str) -> None:
+        super().__init__(message)
+        self.stage = str(stage)
+
+
 @dataclass
 class StageClock:
     """The attempt's current stage, and how long each stage it left took (`stage_NAME_s` in its timings)."""
@@ -127,8 +138,6 @@ def drive(
     except KeyboardInterrupt:
         _interrupted(outcome, clock, Interrupted(signal.SIGINT), context)
     except Exception as exc:
-        from deploykit.serve.stages import StageFailure
-
         if gate is not None and gate.received is not None:
             _interrupted(outcome, clock, Interrupted(gate.received), context)
         elif isinstance(exc, StageFailure):

@@ -1,5 +1,6 @@
-"""The pure pieces the stages share (serve/stages.py): the launch argv, secrets and their redaction, timings,
-exit codes and the verdict line. Nothing heavy (rich, SQLAlchemy, vLLM) at import, nothing that fails."""
+"""The pure pieces the stages share (serve/stages.py): the launch executable, secrets and their redaction,
+timings, exit codes and the verdict line (the argv is read and changed by deploykit.argv). Nothing heavy
+(rich, SQLAlchemy, vLLM) at import, nothing that fails."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from deploykit.profile.schema import SECRET_NAME
 if TYPE_CHECKING:
     from deploykit.plan import Plan
     from deploykit.results.record import ResultRecord
-    from deploykit.serve.console import ConsoleUI
 
 REDACTED = "***"
 _HF_TOKEN_SHAPE = re.compile(r"\bhf_[A-Za-z0-9]{20,}\b")
@@ -25,20 +25,6 @@ _MIN_SECRET_LEN = 6
 
 
 # --- pure helpers -----------------------------------------------------------------------------------
-
-
-def with_port(argv: Sequence[str], port: int) -> list[str]:
-    """The argv with its `--port` value replaced (or added)."""
-    result = list(argv)
-    if "--port" in result:
-        result[result.index("--port") + 1] = str(port)
-    else:
-        result += ["--port", str(port)]
-    return result
-
-
-def argv_value(argv: Sequence[str], flag: str, default: str) -> str:
-    return argv[argv.index(flag) + 1] if flag in argv and argv.index(flag) + 1 < len(argv) else default
 
 
 def resolve_executable(argv: Sequence[str]) -> list[str]:
@@ -92,11 +78,3 @@ def exit_code_for(record: ResultRecord) -> int:
 
 def profile_issues(exc: Exception) -> str:
     return "; ".join(str(issue) for issue in getattr(exc, "issues", [])) or str(exc)
-
-
-def print_verdict(record: ResultRecord, result_id: int | None, where: str, ui: ConsoleUI) -> None:
-    """The verdict lines as the one driver prints them (serve/driver.py `finish`)."""
-    from deploykit.serve.driver import verdict_lines
-
-    for line in verdict_lines(record, result_id, where):
-        ui.say(line)

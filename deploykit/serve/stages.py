@@ -17,10 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from deploykit import __version__, exit_codes, net
-from deploykit.errors import DeploykitError
+from deploykit import __version__, net
 from deploykit.logtail import tail
 from deploykit.serve.driver import Outcome, Stage, StageClock, drive
+from deploykit.serve.driver import (
+    StageFailure as StageFailure,  # raised by every stage; defined with the driver
+)
 from deploykit.serve.helpers import (
     overhead,
     plan_for_store,
@@ -41,17 +43,6 @@ if TYPE_CHECKING:
     from deploykit.serve.launch import ServerProcess
     from deploykit.smoke import CaseResult, SmokeReport
     from deploykit.smoke.fingerprint import Fingerprint
-
-
-class StageFailure(DeploykitError):
-    """An attempt ended before a verdict; `stage` says where (`profile`, `plan`, `port`, `secrets`, `model`,
-    `launch`, `startup`, ...). The attempt's row carries the message."""
-
-    exit_code = exit_codes.FAILED
-
-    def __init__(self, stage: str | Stage, message: str) -> None:
-        super().__init__(message)
-        self.stage = str(stage)
 
 
 @dataclass

@@ -33,13 +33,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from deploykit import exit_codes
+from deploykit.argv import value_or
 from deploykit.canary import defaults as canary_defaults
 from deploykit.canary.defaults import OnCorruption as OnCorruption
 from deploykit.logtail import tail
 from deploykit.results.store_row import store_row
 from deploykit.serve.console import ConsoleUI, LogFollower
 from deploykit.serve.driver import Stage, finish
-from deploykit.serve.helpers import argv_value, redact
+from deploykit.serve.helpers import redact
 from deploykit.serve.signals import Interrupted, SignalGate, forwarded_signals
 from deploykit.serve.stages import (
     Attempt,
@@ -374,8 +375,8 @@ def _relaunch(previous: Attempt, number: int, ui: ConsoleUI, gate: SignalGate) -
     def stages() -> SmokeReport:
         env = launch_environment(plan, os.environ)
         # The bind host from the argv, as at the first launch (the URL's `[::1]` is not a host).
-        host = argv_value(attempt.argv, "--host", "127.0.0.1")
-        port = int(argv_value(attempt.argv, "--port", "8000"))
+        host = value_or(attempt.argv, "--host", "127.0.0.1")
+        port = int(value_or(attempt.argv, "--port", "8000"))
         attempt.server = start_vllm(attempt.argv, env, log_path=log_path, host=host, port=port)
         ui.say(f"vLLM restarted: pid {attempt.server.pid} (own process group), log {log_path}")
         attempt.enter(Stage.STARTUP)

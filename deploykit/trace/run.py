@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from deploykit import exit_codes
+from deploykit.argv import apply_args
 from deploykit.files import make_private_dirs
 from deploykit.plugin_contract import TRACE_ENV
 from deploykit.profile.schema import FixMode
@@ -50,16 +51,7 @@ class TraceOptions(BaseModel):
 def trace_argv(argv: Sequence[str], port: int) -> list[str]:
     """The planned argv made traceable: eager (hooks need the Python forward), one sequence at a time (NaN
     spreads across the rows of a batch), on `port`."""
-    from deploykit.serve.helpers import with_port
-
-    result = with_port(argv, port)
-    if "--enforce-eager" not in result:
-        result.append("--enforce-eager")
-    if "--max-num-seqs" in result:
-        result[result.index("--max-num-seqs") + 1] = "1"
-    else:
-        result += ["--max-num-seqs", "1"]
-    return result
+    return apply_args(argv, ["--port", str(port), "--enforce-eager", "--max-num-seqs", "1"])
 
 
 def trace_cases(

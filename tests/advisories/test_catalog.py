@@ -13,6 +13,7 @@ import yaml
 from pydantic import ValidationError
 
 from deploykit.advisories import advisories
+from deploykit.advisories.catalog import fix_entry
 from deploykit.advisories.schema import Advisory, Catalog
 from deploykit.fixes import FIX_NAMES
 from deploykit.vllm_compat import parse_version
@@ -21,10 +22,12 @@ from deploykit.vllm_options import SUPPORTED_VLLM_RELEASES, known_env_vars, know
 CATALOG = advisories()
 
 
-def test_the_catalog_is_package_data_and_validates() -> None:
+def test_the_catalog_is_the_fixes_entries_then_the_package_data_and_validates() -> None:
     text = resources.files("deploykit.advisories").joinpath("catalog.yaml").read_text()
+    fixes = [Advisory.model_validate(fix_entry(name)) for name in FIX_NAMES]
 
-    assert Catalog.model_validate(yaml.safe_load(text)).advisories == CATALOG
+    assert [*fixes, *Catalog.model_validate(yaml.safe_load(text)).advisories] == CATALOG
+    assert [a.id for a in fixes] == ["fp32-projection", "matmul-lora", "device-penalties"]
 
 
 def test_at_least_ten_real_advisories_and_the_three_fixes() -> None:

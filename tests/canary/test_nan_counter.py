@@ -10,7 +10,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -257,15 +257,10 @@ def test_a_server_without_the_counter_is_said_once_and_never_judged(tmp_path: Pa
         def log_message(self, format: str, *args: Any) -> None:
             return
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), NoCounter)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     warnings: list[str] = []
-    try:
-        poller = NanCounterPoller(f"http://127.0.0.1:{server.server_address[1]}", on_warning=warnings.append)
+    with serving(NoCounter) as url:
+        poller = NanCounterPoller(url, on_warning=warnings.append)
         assert [poller.poll_once() for _ in range(3)] == [0, 0, 0]
-    finally:
-        server.shutdown()
-        server.server_close()
     assert len(warnings) == 1 and "VLLM_COMPUTE_NANS_IN_LOGITS=1" in warnings[0]
     # Nothing listening: a failed read is no verdict (the runs judge an unreachable server).
     assert NanCounterPoller("http://127.0.0.1:1", timeout_s=1).poll_once() == 0

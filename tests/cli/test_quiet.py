@@ -133,8 +133,8 @@ def test_without_a_terminal_a_quick_start_prints_no_progress_and_a_slow_one_a_li
 def test_serve_keeps_vllms_log_in_its_file_unless_verbose(tmp_path: Path, verbose: bool) -> None:
     """A vLLM that fails its start (no such model): cheap, and it still writes dozens of log lines."""
     from deploykit.net import free_port
-    from tests.e2e.serve_helpers import CommandRun
     from tests.profile_variants import profile_variant
+    from tests.serve_helpers import CommandRun
 
     profile = profile_variant(
         tmp_path, "demo-cpu", {"name": "no-model", "model.source": str(tmp_path / "no-such-model")}

@@ -23,7 +23,7 @@ import pytest
 from deploykit.net import free_port
 from deploykit.results.sql.store import open_store
 from tests.e2e.fault_worker import FAULT_KEY, TOKENS_ENV, WORKER_CLS
-from tests.e2e.serve_helpers import CommandRun, completion_streams
+from tests.serve_helpers import CommandRun, completion_streams
 from tests.vllm_harness import REPO, RunningServer, running_vllm, tiny_serve_args
 
 pytestmark = pytest.mark.e2e

@@ -25,8 +25,8 @@ from deploykit.net import free_port
 from deploykit.results.record import ResultRecord
 from deploykit.results.sql.store import open_store
 from tests.e2e.drift_worker import FAULT_KEY, FROM_START_ENV, MARKER, WORKER_CLS
-from tests.e2e.serve_helpers import BACKENDS, CommandRun, deploykit_executable, fresh_store_url
 from tests.e2e.test_serve_e2e import START_TIMEOUT_S, command_env, demo_variant
+from tests.serve_helpers import BACKENDS, CommandRun, deploykit_executable, fresh_store_url
 from tests.vllm_harness import REPO, running_vllm, tiny_serve_args
 
 pytestmark = pytest.mark.e2e

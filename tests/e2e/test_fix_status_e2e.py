@@ -161,8 +161,8 @@ def test_plugin_left_out_by_vllm_plugins_fails_smoke_naming_the_fix(
 
 def test_serve_records_the_planned_fix_active_behind_the_api_key(tmp_path: Path) -> None:
     from deploykit.net import free_port
-    from tests.e2e.serve_helpers import CommandRun
     from tests.e2e.test_serve_e2e import START_TIMEOUT_S, demo_variant, only_row
+    from tests.serve_helpers import CommandRun
 
     store = f"sqlite:///{tmp_path / 'r.sqlite'}"
     api_key = "sk-e2e-" + secrets.token_hex(12)

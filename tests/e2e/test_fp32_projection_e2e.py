@@ -6,7 +6,7 @@ DEPLOYKIT_FIXES=fp32_projection the same request yields finite logprobs and ordi
 Both launches are the plans `deploykit plan` makes for a `serve.dtype: float16` profile against recorded
 GPU facts (issue 35): the same fix and environment whatever the GPU, T4, A100 or H100, because the engine
 computes in FP16 on all of them; the server without the fix runs the same plan with the fix turned off.
-The checkpoint is tiny and built here (tests/e2e/gemma4_models.py); see that module for torchvision.
+The checkpoint is tiny and built here (tests/gemma4_models.py); see that module for torchvision.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import pytest
 from deploykit.plan import Plan, make_plan
 from deploykit.probe.load import load_facts
 from deploykit.profile.load import load_profile
-from tests.e2e.gemma4_models import tiny_gemma4_unified_dir, torchvision_server_env
+from tests.gemma4_models import tiny_gemma4_unified_dir, torchvision_server_env
 from tests.vllm_harness import REPO, RunningServer, running_vllm
 
 pytestmark = pytest.mark.e2e

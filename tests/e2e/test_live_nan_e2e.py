@@ -20,8 +20,8 @@ import pytest
 
 from deploykit.net import free_port
 from tests.e2e.fault_worker import FAULT_KEY, TOKENS_ENV, WORKER_CLS
-from tests.e2e.serve_helpers import CommandRun
 from tests.e2e.test_canary_e2e import CanaryRun
+from tests.serve_helpers import CommandRun
 from tests.vllm_harness import REPO, RunningServer, running_vllm, tiny_serve_args
 
 pytestmark = pytest.mark.e2e

@@ -34,8 +34,8 @@ from deploykit.net import free_port
 from deploykit.results.record import ResultRecord
 from deploykit.results.sql.store import open_store
 from tests.e2e.fault_worker import FAULT_KEY, TOKENS_ENV, WORKER_CLS
-from tests.e2e.serve_helpers import CommandRun, completion_streams, group_members
 from tests.e2e.test_serve_e2e import START_TIMEOUT_S, command_env, demo_variant
+from tests.serve_helpers import CommandRun, completion_streams, group_members
 from tests.vllm_harness import REPO
 
 pytestmark = pytest.mark.e2e

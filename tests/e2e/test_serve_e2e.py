@@ -28,14 +28,14 @@ import pytest
 from deploykit.net import free_port, port_in_use
 from deploykit.results.record import ResultRecord
 from deploykit.results.sql.store import open_store
-from tests.e2e.serve_helpers import (
+from tests.profile_variants import profile_variant
+from tests.serve_helpers import (
     CommandRun,
     dump_store,
     fresh_pg_url,
     group_members,
     read_proc,
 )
-from tests.profile_variants import profile_variant
 
 pytestmark = pytest.mark.e2e
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from deploykit.net import free_port
-from tests.e2e.serve_helpers import CommandRun
 from tests.e2e.test_serve_e2e import START_TIMEOUT_S, assert_nothing_left, command_env, demo_variant, only_row
+from tests.serve_helpers import CommandRun
 from tests.test_net import needs_ipv6
 
 pytestmark = [pytest.mark.e2e, needs_ipv6]

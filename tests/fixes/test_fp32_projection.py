@@ -18,7 +18,7 @@ import pytest
 from deploykit.fixes import fp32_projection
 from deploykit.fixes.base import FixError, TargetStatus
 from deploykit.installed import vllm_version_label
-from tests.e2e.gemma4_models import gemma4_unified_in_one_process
+from tests.gemma4_models import gemma4_unified_in_one_process
 
 pytestmark = pytest.mark.vllm_import  # vLLM's Gemma4 module, in this process
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from deploykit.fixes import _matmul_lora_source as matmul_lora_source
 from deploykit.fixes import matmul_lora
 from deploykit.fixes.base import Decision, DecisionInputs, FixMode
 from deploykit.probe.facts import ProbeFacts
@@ -118,7 +119,7 @@ def test_the_cpu_rule_follows_the_release_source(version: str, decision: Decisio
 
 
 def test_an_unknown_release_keeps_the_cpu_fix_on_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(matmul_lora, "installed_vllm_version", lambda: "0.32.0+cpu")
+    monkeypatch.setattr(matmul_lora_source, "installed_vllm_version", lambda: "0.32.0+cpu")
     made = matmul_lora.decide(inputs(NEXT_RELEASE), FixMode.AUTO)
     assert made.decision is Decision.ENABLED and "source unknown" in made.reason
 
@@ -126,7 +127,7 @@ def test_an_unknown_release_keeps_the_cpu_fix_on_and_says_why(monkeypatch: pytes
 def test_a_release_not_shipped_but_installed_is_read_from_its_files(monkeypatch: pytest.MonkeyPatch) -> None:
     """0.32.9 has no shipped record; installed here (this venv's files are 0.32's), its source decides."""
     installed_source(matmul_lora.CPU_OPS_FILE)  # skips without vLLM
-    monkeypatch.setattr(matmul_lora, "installed_vllm_version", lambda: "0.32.9+cpu")
+    monkeypatch.setattr(matmul_lora_source, "installed_vllm_version", lambda: "0.32.9+cpu")
     facts = matmul_lora.release_source_facts("0.32.9+cpu")
     assert set(facts) == set(matmul_lora.SOURCE_FACTS) and all(v in (True, False) for v in facts.values())
     made = matmul_lora.decide(inputs("0.32.9+cpu"), FixMode.AUTO)

@@ -24,6 +24,7 @@ PROTOCOL = (
     "SUMMARY",
     "PATCHES",
     "LAUNCH_FLAGS",
+    "ADVISORY",
     "decide",
     "launch_args",
     "plan_warnings",
@@ -34,9 +35,16 @@ PROTOCOL = (
 INPUTS = DecisionInputs(gpus=[], vllm_version="0.32.0", checkpoint_dtype=None)
 
 
-@pytest.mark.parametrize("module", [deploykit.plan, deploykit.trace.report], ids=["plan", "trace.report"])
-def test_plan_and_the_trace_report_name_no_particular_fix(module: object) -> None:
-    tree = ast.parse(Path(str(getattr(module, "__file__", ""))).read_text(encoding="utf-8"))
+PLAN_FILES = sorted(Path(str(deploykit.plan.__file__)).parent.glob("*.py"))
+
+
+@pytest.mark.parametrize(
+    "path",
+    [*PLAN_FILES, Path(str(deploykit.trace.report.__file__))],
+    ids=[*(f"plan/{p.name}" for p in PLAN_FILES), "trace.report"],
+)
+def test_plan_and_the_trace_report_name_no_particular_fix(path: Path) -> None:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
     fix_modules = {m for m in imported if m.startswith("deploykit.fixes.") and m != "deploykit.fixes.base"}
     assert fix_modules == set()  # the registry (deploykit.fixes) and the vocabulary (base) only

@@ -15,7 +15,7 @@ import threading
 import time
 import zipfile
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from deploykit.render.pod_probe import (
     process_start_time,
     read_verdict,
 )
+from tests.http_server import serving
 
 REPO = Path(__file__).resolve().parents[2]
 NOW = 1_800_000_000.0
@@ -238,8 +239,7 @@ def test_process_start_time_of_real_processes() -> None:
 
 class _Health(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
-        server = self.server
-        assert isinstance(server, _Server)
+        server: Any = self.server
         server.paths.append(self.path)
         if server.behaviour == "hang":
             server.release.wait(30)  # longer than any --timeout here; released at teardown
@@ -253,25 +253,14 @@ class _Health(BaseHTTPRequestHandler):
         pass
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    behaviour = "ok"
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Health)
-        self.release = threading.Event()
-        self.paths: list[str] = []
-
-
 @pytest.fixture
-def vllm() -> Iterator[_Server]:
-    """vLLM's /health: `behaviour` is "ok" (200), "503" or "hang"."""
-    server = _Server()
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    yield server
-    server.release.set()
-    server.shutdown()
-    server.server_close()
+def vllm() -> Iterator[Any]:
+    """vLLM's /health (tests/http_server.py): `behaviour` is "ok" (200), "503" or "hang"; `paths` the
+    paths asked for."""
+    release = threading.Event()
+    with serving(_Health, poll_interval=0.05, behaviour="ok", release=release, paths=[]) as url:
+        yield url.server
+        release.set()
 
 
 @pytest.fixture
@@ -320,7 +309,7 @@ class Pod:
         return subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=self.root, env=env)
 
 
-def url_of(server: _Server) -> str:
+def url_of(server: Any) -> str:
     return f"http://127.0.0.1:{server.server_port}/health"
 
 
@@ -345,7 +334,7 @@ def outcome(result: subprocess.CompletedProcess[str]) -> str:
     ],
 )
 def test_the_command_with_vllm_up(
-    pod: Pod, vllm: _Server, situation: str, live: str, ready: str, says: str
+    pod: Pod, vllm: Any, situation: str, live: str, ready: str, says: str
 ) -> None:
     extra: list[str] = []
     if situation == "crash-looping":
@@ -371,7 +360,7 @@ def test_the_command_with_vllm_up(
 @pytest.mark.parametrize("health", ["503", "hang", "refused"])
 @pytest.mark.parametrize("status", [None, "healthy", "corrupt"])
 def test_the_command_with_vllm_down_fails_both(
-    pod: Pod, vllm: _Server, refused_url: str, health: str, status: str | None
+    pod: Pod, vllm: Any, refused_url: str, health: str, status: str | None
 ) -> None:
     if status is not None:
         pod.write(status)
@@ -391,7 +380,7 @@ def test_the_command_with_vllm_down_fails_both(
     assert detail[health] in result.stdout
 
 
-def test_the_command_imports_the_standard_library_only(pod: Pod, vllm: _Server) -> None:
+def test_the_command_imports_the_standard_library_only(pod: Pod, vllm: Any) -> None:
     """Run in the probe's own conditions (no site-packages, deploykit zipped), then list what it imported."""
     pod.write("corrupt")
     script = (

@@ -4,23 +4,21 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+from typing import Any
 
 import pytest
 
 from deploykit.render.wait_health import wait_healthy
+from tests.http_server import serving
 
 
 class _Health(BaseHTTPRequestHandler):
-    unhealthy_answers = 0
-
     def do_GET(self) -> None:
         server = self.server
-        assert isinstance(server, _Server)
-        server.calls += 1
-        status = 503 if server.calls <= server.unhealthy_answers else 200
+        server.calls += 1  # type: ignore[attr-defined]
+        status = 503 if server.calls <= server.unhealthy_answers else 200  # type: ignore[attr-defined]
         self.send_response(status)
         self.send_header("Content-Length", "0")
         self.end_headers()
@@ -29,28 +27,20 @@ class _Health(BaseHTTPRequestHandler):
         pass
 
 
-class _Server(ThreadingHTTPServer):
-    calls = 0
-    unhealthy_answers = 0
-
-
 @pytest.fixture
-def server() -> Iterator[_Server]:
-    httpd = _Server(("127.0.0.1", 0), _Health)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield httpd
-    httpd.shutdown()
-    httpd.server_close()
+def server() -> Iterator[Any]:
+    """tests/http_server.py serving: `calls` counts the requests, the first `unhealthy_answers` get 503."""
+    with serving(_Health, calls=0, unhealthy_answers=0) as url:
+        yield url.server
 
 
-def test_waits_through_unhealthy_answers(server: _Server) -> None:
+def test_waits_through_unhealthy_answers(server: Any) -> None:
     server.unhealthy_answers = 3
     waited = wait_healthy(f"http://127.0.0.1:{server.server_port}/health", timeout_s=10, poll_interval_s=0.05)
     assert waited is not None and server.calls == 4
 
 
-def test_gives_up_at_the_deadline_and_the_command_fails(server: _Server) -> None:
+def test_gives_up_at_the_deadline_and_the_command_fails(server: Any) -> None:
     server.unhealthy_answers = 10**6
     url = f"http://127.0.0.1:{server.server_port}/health"
     assert wait_healthy(url, timeout_s=0.5, poll_interval_s=0.1) is None

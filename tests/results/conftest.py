@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from deploykit.results.sql.store import SqlStore, open_store
-from tests.e2e.serve_helpers import BACKENDS, fresh_store_url
+from tests.serve_helpers import BACKENDS, fresh_store_url
 
 
 @pytest.fixture(params=BACKENDS)

@@ -24,8 +24,8 @@ from deploykit.results.record import ResultRecord
 from deploykit.results.spool import pending
 from deploykit.results.sql.store import open_store
 from tests.canary.test_canary import GOOD, WRONG, Clock, Script
-from tests.e2e.serve_helpers import fresh_pg_url
 from tests.http_server import serving
+from tests.serve_helpers import fresh_pg_url
 from tests.tcp_proxy import TcpProxy, free_loopback_port
 from tests.vllm_harness import REPO, RunningServer
 

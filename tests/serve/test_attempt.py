@@ -16,13 +16,11 @@ from deploykit.results.record import ResultRecord
 from deploykit.serve.console import LogFollower
 from deploykit.serve.helpers import (
     REDACTED,
-    argv_value,
     exit_code_for,
     overhead,
     redact,
     resolve_executable,
     secret_values,
-    with_port,
 )
 from deploykit.serve.signals import SignalGate
 from deploykit.serve.stages import StageFailure, launch_environment
@@ -41,15 +39,6 @@ env:
 def plan() -> Plan:
     loaded = LoadedProfile(profile=parse_profile(PROFILE), path=Path("secretive.yaml"))
     return make_plan(loaded, ProbeFacts(error="no GPU"))
-
-
-def test_port_override_and_argv_values() -> None:
-    argv = plan().argv
-    assert argv_value(argv, "--port", "0") == "8123"
-    moved = with_port(argv, 9001)
-    assert argv_value(moved, "--port", "0") == "9001" and len(moved) == len(argv)
-    assert with_port(["vllm", "serve", "m"], 5)[-2:] == ["--port", "5"]
-    assert argv_value(["vllm"], "--host", "127.0.0.1") == "127.0.0.1"
 
 
 def test_vllm_resolves_to_the_one_beside_this_python() -> None:

@@ -4,15 +4,15 @@ refused)."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
 
 from deploykit.smoke import SmokeRequest, run_smoke
+from tests.http_server import serving
 from tests.smoke.answers import completion_body
 
 
@@ -44,17 +44,13 @@ class _Canned(BaseHTTPRequestHandler):
 
 
 @pytest.fixture()
-def canned_server() -> Iterator[ThreadingHTTPServer]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Canned)
-    server.seen = []  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+def canned_server() -> Iterator[Any]:
+    """The canned server (tests/http_server.py); `seen` holds each request's path, Authorization, body."""
+    with serving(_Canned, seen=[]) as url:
+        yield url.server
 
 
-def test_run_smoke_over_http(canned_server: ThreadingHTTPServer) -> None:
+def test_run_smoke_over_http(canned_server: Any) -> None:
     url = f"http://127.0.0.1:{canned_server.server_address[1]}"
 
     def request(model: str) -> SmokeRequest:

@@ -4,9 +4,8 @@ baseline in a real SQLite store, and the canary failing a run on it."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from deploykit.results.record import ResultRecord
 from deploykit.results.sql.store import open_store
 from deploykit.smoke import SmokeReport
 from deploykit.smoke.fingerprint_probe import ProbeFailed, ProbeUnstable, take_fingerprint
+from tests.http_server import serving
 
 PARTS = {"model": "m", "dtype": "float32", "probe_set": 1}
 
@@ -55,14 +55,9 @@ class _Probe(BaseHTTPRequestHandler):
 
 @pytest.fixture()
 def server() -> Iterator[Any]:
-    httpd: Any = ThreadingHTTPServer(("127.0.0.1", 0), _Probe)
-    httpd.mode, httpd.count = "healthy", 0
-    httpd.url = f"http://127.0.0.1:{httpd.server_address[1]}"
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield httpd
-    httpd.shutdown()
-    httpd.server_close()
+    with serving(_Probe, mode="healthy", count=0) as url:
+        url.server.url = str(url)
+        yield url.server
 
 
 def take(url: str, readings: int = 2) -> Any:

@@ -134,7 +134,7 @@ def test_start_up_dummy_run_never_counts(tiny_model_dir: Path, tmp_path: Path) -
 
 
 def gemma4_profile(tmp_path: Path) -> Path:
-    from tests.e2e.gemma4_models import tiny_gemma4_unified_dir, torchvision_server_env
+    from tests.gemma4_models import tiny_gemma4_unified_dir, torchvision_server_env
 
     model = tiny_gemma4_unified_dir()
     env = torchvision_server_env()

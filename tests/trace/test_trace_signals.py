@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from deploykit.argv import value_or
 from deploykit.net import port_in_use
 from deploykit.results.record import ResultRecord
 from deploykit.results.sql.store import open_store
-from deploykit.serve.helpers import argv_value
 from tests.trace.models import write_profile
 from tests.vllm_harness import REPO
 
@@ -125,7 +125,7 @@ def test_sigterm_with_vllm_running_stores_one_interrupted_row_and_stops_it(
     # One short case: the stages after `requests` are what is tested, not how many requests it makes.
     row = _trace_stopped_at(stage, profile, tmp_path, 600, "--case", "completion", "--max-tokens", "2")
     assert row.plan is not None
-    port = int(argv_value(row.plan["argv"], "--port", "0"))
+    port = int(value_or(row.plan["argv"], "--port", "0"))
     assert not port_in_use(port, "127.0.0.1"), "the trace's vLLM outlived it"
 
 

@@ -93,8 +93,8 @@ def test_the_shipped_env_vars_are_this_releases() -> None:
 def test_every_fix_target_is_as_the_release_has_it() -> None:
     """Applicable, or (a target the release deleted) "target missing in vLLM X: <what>", never an import
     error. fp32_projection's target imports transformers' Gemma4 Unified processor, which needs
-    torchvision: the tests' copy kept outside the venv is put on the path first (tests/e2e/gemma4_models)."""
-    from tests.e2e.gemma4_models import make_gemma4_unified_importable
+    torchvision: the tests' copy kept outside the venv is put on the path first (tests/gemma4_models)."""
+    from tests.gemma4_models import make_gemma4_unified_importable
 
     make_gemma4_unified_importable()
     checks = {name: load_fix(name).check_target() for name in FIX_NAMES}

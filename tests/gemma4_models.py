@@ -38,7 +38,7 @@ _UNGUARDED_OPS = (
 
 # Loaded by every Python process started with SHIM_DIR on PYTHONPATH (vLLM's API server, engine core
 # and worker): declares the schemas just before torchvision is first imported, and only if needed.
-_SITECUSTOMIZE = '''"""Test-only: torchvision 0.28 beside torch 2.13.0+cpu (tests/e2e/gemma4_models.py)."""
+_SITECUSTOMIZE = '''"""Test-only: torchvision 0.28 beside torch 2.13.0+cpu (tests/gemma4_models.py)."""
 import importlib.abc
 import sys
 
@@ -210,9 +210,9 @@ def tiny_gemma4_unified_dir() -> Path:
     # In a fresh process: transformers caches "is torchvision available?" at its first check, so a test
     # process that imported transformers before torchvision was on its path cannot build the processor.
     env = {**os.environ, **torchvision_server_env()}
-    code = "import sys; from tests.e2e.gemma4_models import build_into; build_into(sys.argv[1])"
+    code = "import sys; from tests.gemma4_models import build_into; build_into(sys.argv[1])"
     subprocess.run([sys.executable, "-c", code, str(staging)], cwd=REPO, env=env, check=True, timeout=600)
-    (staging / "deploykit-recipe.json").write_text('{"recipe": "tests/e2e/gemma4_models.py"}\n')
+    (staging / "deploykit-recipe.json").write_text('{"recipe": "tests/gemma4_models.py"}\n')
     try:
         staging.rename(target)
     except OSError:  # another process finished first

@@ -19,7 +19,7 @@ from deploykit.profile.schema import FixMode, LoadedProfile
 from deploykit.vllm_compat import TESTED_VLLM
 from tests.vllm_releases.releases import NEXT_RELEASE
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FACTS_DIR = REPO / "tests" / "fixtures" / "facts"
 TESTED_IN = f"this deploykit {__version__} is tested with ({TESTED_VLLM})"
 UNPROVEN = "the fixes and launch flags are unproven there"
@@ -307,6 +307,33 @@ def test_extra_args_may_not_repeat_a_typed_setting(tmp_path: Path) -> None:
     plan = make_plan(LoadedProfile(parse_profile(text), tmp_path / "x.yaml"), facts("a100"))
     assert any("serve.max_model_len" in e for e in plan.errors)
     assert any("secrets never go in argv" in e for e in plan.errors)
+
+
+@pytest.mark.parametrize(
+    ("extra", "written"),
+    [
+        (["--max_num_seqs", "8"], " (written --max_num_seqs)"),
+        (["--max_num_seqs=8"], " (written --max_num_seqs)"),
+        (["--max-num-seqs=8"], ""),
+        (["--max-num-seq", "8"], " (written --max-num-seq)"),
+    ],
+)
+def test_an_owned_flag_is_refused_in_any_spelling_vllm_reads(
+    tmp_path: Path, extra: list[str], written: str
+) -> None:
+    """The underscore bypass (issue 36): vLLM reads `--max_num_seqs` as `--max-num-seqs`, which the profile
+    owns (`serve.max_num_seqs`), so the plan refuses it with one line naming the flag."""
+    text = f"name: x\nmodel: {{source: /m}}\nserve:\n  max_num_seqs: 4\n  extra_args: {json.dumps(extra)}\n"
+    plan = make_plan(LoadedProfile(parse_profile(text), tmp_path / "x.yaml"), facts("a100"))
+    assert plan.errors == [
+        f"serve.extra_args sets --max-num-seqs{written}; use the profile field `serve.max_num_seqs` instead"
+    ]
+
+
+def test_a_secret_flag_is_refused_in_any_spelling(tmp_path: Path) -> None:
+    text = "name: x\nmodel: {source: /m}\nserve:\n  extra_args: ['--hf_token=abc']\n"
+    plan = make_plan(LoadedProfile(parse_profile(text), tmp_path / "x.yaml"), facts("a100"))
+    assert plan.errors == ["serve.extra_args must not carry --hf-token: secrets never go in argv"]
 
 
 def test_json_plan_has_the_documented_keys() -> None:

@@ -68,7 +68,7 @@ def dump_store(url: str) -> str:
 
 # --- running the real `deploykit` command -----------------------------------------------------------
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def deploykit_executable() -> str:

@@ -1,36 +1,84 @@
-"""Reading serving facts from a `vllm serve` argv, and changing it, the way vLLM's parser sees it.
+"""The one reader (and writer) of a `vllm serve` argv, seeing it the way vLLM's parser does.
 
-The profile's KV-cache dtype, attention backend, quantization and CUDA graph mode are never declared a
-second time for advisories: they are read here from the argv the plan builds. The forms understood are
-the ones vLLM's FlexibleArgumentParser accepts: `--flag value`, `--flag=value`, underscores for dashes,
-`--no-flag` for booleans, and for JSON options (`--compilation-config`, alias `-cc`) a JSON value or dotted
-keys (`--compilation-config.cudagraph_mode=PIECEWISE`); the last setting wins, as in argparse.
+The plan's owned-flag check, the advisories' serving facts (KV-cache dtype, attention backend,
+quantization, CUDA graph mode are never declared a second time: they are read from the argv the plan
+builds), serve's host and port and trace's eager launch all read or change an argv here, so a spelling one
+of them understands is one all of them understand. The forms are the ones vLLM's FlexibleArgumentParser
+accepts: `--flag value`, `--flag=value`, underscores for dashes, the short aliases (`-tp`, `-q`, `-cc`,
+`-sc`), `--no-flag` for booleans, abbreviations (argparse's allow_abbrev, on in vLLM), and for JSON options
+(`--compilation-config`) a JSON value or dotted keys (`--compilation-config.cudagraph_mode=PIECEWISE`);
+the last setting wins, as in argparse.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Collection, Sequence
 from typing import Any
 
-# JSON-valued options and their aliases (vllm/engine/arg_utils.py: "--compilation-config", "-cc").
+# The short aliases of the options deploykit reads or owns (vllm/engine/arg_utils.py, in every shipped table).
+SHORT_ALIASES = {
+    "-tp": "--tensor-parallel-size",
+    "-q": "--quantization",
+    "-cc": "--compilation-config",
+    "-sc": "--speculative-config",
+}
+# JSON-valued options and their spellings (after _normal, the alias `-cc` reads as the long form).
 JSON_OPTIONS = {"--compilation-config": ("--compilation-config", "-cc")}
 
 
 def _normal(word: str) -> str:
-    """`--kv_cache_dtype=fp8` → `--kv-cache-dtype=fp8` (vLLM turns underscores in a flag into dashes)."""
-    if not word.startswith("--"):
+    """`--kv_cache_dtype=fp8` → `--kv-cache-dtype=fp8` (vLLM turns underscores in a flag into dashes);
+    `-tp=2` → `--tensor-parallel-size=2`. A word that is no flag is returned as it is."""
+    if not word.startswith("-"):
         return word
     key, sep, value = word.partition("=")
     head, dot, rest = key.partition(".")
+    if not word.startswith("--"):
+        return SHORT_ALIASES.get(head, head) + dot + rest + sep + value
     return head.replace("_", "-") + dot + rest + sep + value
 
 
-def _takes_value(argv: list[str], index: int) -> bool:
-    return index + 1 < len(argv) and not argv[index + 1].startswith("-")
+def flag_name(word: str) -> str | None:
+    """The flag a word sets, in vLLM's spelling (`--max_num_seqs=8` → `--max-num-seqs`, `-tp` →
+    `--tensor-parallel-size`, `--compilation-config.mode` → `--compilation-config`); None for a value."""
+    if not word.startswith("-") or word == "-" or _is_number(word):
+        return None
+    return _normal(word).split("=", 1)[0].split(".", 1)[0]
 
 
-def flag_value(argv: list[str], flag: str) -> str | None:
+def _is_number(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
+
+
+def owned_flag(word: str, owned: Collection[str]) -> str | None:
+    """The flag of `owned` that `word` sets, however it is spelled: underscores, `=value`, an alias, its
+    `--no-` form, or an abbreviation argparse would expand to it; None when it sets none of them."""
+    name = flag_name(word)
+    if name is None:
+        return None
+    spellings = {flag: flag for flag in owned}
+    spellings.update({"--no-" + flag[2:]: flag for flag in owned if flag.startswith("--")})
+    if name in spellings:
+        return spellings[name]
+    if not name.startswith("--") or name == "--":
+        return None
+    expanded = {flag for spelling, flag in spellings.items() if spelling.startswith(name)}
+    return expanded.pop() if len(expanded) == 1 else None
+
+
+def _takes_value(argv: Sequence[str], index: int) -> bool:
+    """Whether the word after argv[index] is a value (a number such as -1 is one), not the next flag."""
+    return index + 1 < len(argv) and flag_name(argv[index + 1]) is None
+
+
+def flag_value(argv: Sequence[str], flag: str) -> str | None:
     """The value the last `flag` in argv sets (`--flag value` or `--flag=value`), or None when absent."""
+    flag = _normal(flag)
     found: str | None = None
     words = [_normal(w) for w in argv]
     for index, word in enumerate(words):
@@ -41,8 +89,9 @@ def flag_value(argv: list[str], flag: str) -> str | None:
     return found
 
 
-def flag_switch(argv: list[str], flag: str) -> bool | None:
+def flag_switch(argv: Sequence[str], flag: str) -> bool | None:
     """A boolean flag: True for `--x`, False for `--no-x`, None when neither appears (the last wins)."""
+    flag = _normal(flag)
     negative = "--no-" + flag[2:]
     state: bool | None = None
     for word in (_normal(w) for w in argv):
@@ -53,7 +102,7 @@ def flag_switch(argv: list[str], flag: str) -> bool | None:
     return state
 
 
-def json_option(argv: list[str], option: str) -> dict[str, Any]:
+def json_option(argv: Sequence[str], option: str) -> dict[str, Any]:
     """A JSON option's settings, the JSON value and dotted keys merged in argv order."""
     names = JSON_OPTIONS.get(option, (option,))
     merged: dict[str, Any] = {}
@@ -91,14 +140,25 @@ def _merge(into: dict[str, Any], update: dict[str, Any]) -> None:
             into[key] = value
 
 
-def apply_args(argv: list[str], args: list[str]) -> list[str]:
+def value_or(argv: Sequence[str], flag: str, default: str) -> str:
+    """The value the argv gives `flag` (as flag_value reads it), else `default`."""
+    found = flag_value(argv, flag)
+    return default if found is None else found
+
+
+def with_port(argv: Sequence[str], port: int) -> list[str]:
+    """The argv with its `--port` setting (any spelling) replaced by `port`."""
+    return apply_args(argv, ["--port", str(port)])
+
+
+def apply_args(argv: Sequence[str], args: list[str]) -> list[str]:
     """argv with a workaround's arguments in force: every earlier setting of the same flag removed (its
     value too), then the arguments appended, so the launch reads as one setting per flag."""
     result = list(argv)
     index = 0
     while index < len(args):
         word = args[index]
-        has_value = index + 1 < len(args) and not args[index + 1].startswith("-") and "=" not in word
+        has_value = "=" not in word and _takes_value(args, index)
         pair = args[index : index + 2] if has_value else [word]
         result = _set(result, pair)
         index += len(pair)

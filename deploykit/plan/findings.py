@@ -1,0 +1,136 @@
+"""What a plan warns of or refuses besides the fixes' own decisions: an untested or unknown vLLM, variables it
+no longer reads, a server open without a key, a target the facts do not match, a fix turned off that the
+facts call for, a VLLM_PLUGINS that leaves deploykit out."""
+
+from __future__ import annotations
+
+from deploykit import __version__, net
+from deploykit.fixes import load_fix
+from deploykit.fixes.base import OBSOLETE_PREFIX, Decision, DecisionInputs, FixDecision
+from deploykit.probe.facts import ProbeFacts
+from deploykit.profile.schema import FixMode, Profile
+from deploykit.vllm_compat import (
+    TESTED_VLLM,
+    version_in_range,
+)
+from deploykit.vllm_tables import NEWEST_KNOWN_RELEASE, env_vars_removed_by, newer_than_known
+
+
+def untested_vllm_warning(version: str | None) -> str | None:
+    """A warning when the targeted vLLM is not one this deploykit is tested with (TESTED_VLLM), or when
+    the target's version is unknown or unreadable; None when it is in the range."""
+    verdict = version_in_range(version)
+    if verdict:
+        return None
+    tested = f"this deploykit {__version__} is tested with ({TESTED_VLLM})"
+    if verdict is False:
+        return (
+            f"vLLM {version} is outside the range {tested}; the fixes and launch flags are unproven "
+            "there: target a vLLM in the range (the profile's vllm_version, or --facts from a host "
+            "running one), or prove this deployment with `deploykit serve --check` on the target"
+        )
+    what = "unknown (no vllm_version in the profile or the facts)"
+    if version:
+        what = f"{version!r}, not a version deploykit can compare"
+    return (
+        f"the target vLLM version is {what}, so it cannot be checked against the range {tested}; "
+        "set the profile's vllm_version, or pass --facts from a `deploykit probe --save FILE` on the target"
+    )
+
+
+def unknown_release_warning(version: str | None, decisions: list[FixDecision]) -> str | None:
+    """For a target newer than every release deploykit has read (`make vllm-release`): which fixes'
+    targets were never checked on it. A fix that stood aside because an older release removed its target
+    is not named: nothing newer brings it back unnoticed."""
+    if not newer_than_known(version):
+        return None
+    unchecked = [
+        f"{d.name} ({'enabled' if d.decision is Decision.ENABLED else d.decision.value})"
+        for d in decisions
+        if not d.reason.startswith(OBSOLETE_PREFIX)
+    ]
+    return (
+        f"vLLM {version} is newer than every release deploykit has read (the newest is "
+        f"{NEWEST_KNOWN_RELEASE}): the targets of {', '.join(unchecked) or 'no fix'} were never checked "
+        "on it; `deploykit fixes` on the target checks them, a mismatch stops vLLM at start-up"
+    )
+
+
+def removed_env_warnings(env: dict[str, str], version: str | None) -> list[str]:
+    """A variable the plan writes that the target's vLLM (or, for a newer target, the newest known
+    release) no longer defines: it would be ignored, or refused. deploykit's own never are (RUNNER_ENV)."""
+    removed = env_vars_removed_by(version)
+    return [
+        f"env {name}: vLLM {release} no longer reads it (gone from its vllm/envs.py); remove it from the "
+        "profile's env"
+        for name, release in sorted(removed.items())
+        if name in env
+    ]
+
+
+def unauthenticated_exposure(profile: Profile) -> str | None:
+    """Why the profile's server is open to the network without an API key, or None when it is not (or
+    the profile states `serve.allow_unauthenticated: true`). A warning in `plan` and `profiles list`;
+    `serve` and `render` refuse such a profile."""
+    serve = profile.serve
+    if serve.api_key_env or serve.allow_unauthenticated or not net.listens_beyond_loopback(serve.host):
+        return None
+    return (
+        f"serve.host is {serve.host} (reachable from other machines) and there is no serve.api_key_env: "
+        "anyone who reaches the port can use the model; set `serve.api_key_env: VAR` (the variable holding "
+        "the key), or `serve.allow_unauthenticated: true` when something in front authenticates"
+    )
+
+
+def target_mismatch(profile: Profile, facts: ProbeFacts, inputs: DecisionInputs) -> str | None:
+    """A CUDA profile planned against facts without a GPU, or for a CPU build of vLLM: the plan would
+    quietly drop its fixes and GPU settings, so it stops and asks for the target's facts instead."""
+    if profile.platform == "cpu":
+        return None
+    where = "this machine's probe" if facts.source == "nvml" else f"the saved probe {facts.source}"
+    way_out = (
+        "pass --facts FILE, a `deploykit probe --save FILE` made on the target GPU host, "
+        "or set `platform: cpu` in the profile"
+    )
+    if not facts.gpus:
+        return f"profile {profile.name} is for CUDA, but {where} shows no GPU: {way_out}"
+    if inputs.platform == "cpu":
+        return (
+            f"profile {profile.name} is for CUDA, but the target vLLM {inputs.vllm_version} is a CPU build: "
+            f"{way_out}, or set the profile's vllm_version"
+        )
+    return None
+
+
+def disabled_but_called_for(
+    profile: Profile, inputs: DecisionInputs, overrides: dict[str, FixMode], decisions: list[FixDecision]
+) -> list[str]:
+    """A fix turned off (`--fix NAME=off` or the profile) that these facts call for: output may be wrong."""
+    warnings = []
+    for decision in decisions:
+        if decision.mode is not FixMode.OFF:
+            continue
+        auto = load_fix(decision.name).decide(inputs, FixMode.AUTO)
+        if auto.decision is Decision.ENABLED:
+            source = f"--fix {decision.name}=off" if decision.name in overrides else "the profile"
+            warnings.append(
+                f"fix {decision.name} is turned off by {source}, but these facts call for it "
+                f"({auto.reason}): the server's output may be wrong"
+            )
+    return warnings
+
+
+def plugins_exclude_deploykit(profile: Profile, enabled: list[str]) -> str | None:
+    """vLLM loads only the plugins VLLM_PLUGINS names, when it is set: one that leaves deploykit's out
+    while a fix is on would serve without the fix, silently."""
+    from deploykit.plugin_contract import ENTRY_POINT_NAME
+
+    value = profile.env.get("VLLM_PLUGINS")
+    if not enabled or not isinstance(value, str):
+        return None
+    if ENTRY_POINT_NAME in [name.strip() for name in value.split(",")]:
+        return None
+    return (
+        f"env VLLM_PLUGINS={value!r} leaves out deploykit's plugin, so vLLM would run without the planned "
+        f"fixes ({', '.join(enabled)}): add {ENTRY_POINT_NAME} to it, or remove VLLM_PLUGINS from the profile"
+    )
