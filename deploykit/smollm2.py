@@ -9,7 +9,7 @@ converted it is used offline; nothing is fetched again.
 The tiny random model (`deploykit.tinymodel`) stays for tests that need no meaning: this one is for known
 answers ("the capital of France is Paris") and logits with a real model's shape.
 
-Converting needs torch, transformers, tokenizers and gguf (the `cpu` and `realmodel` extras).
+Converting needs torch, transformers and tokenizers (vLLM brings them) and gguf (the `realmodel` extra).
 """
 
 from __future__ import annotations
@@ -192,7 +192,7 @@ def convert_gguf(gguf_path: Path, out: Path) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as exc:
         raise errors.MissingPackageError(
-            exc.name or "gguf", "converting the SmolLM2 model", pip_name="'vllm-deploykit[cpu,realmodel]'"
+            exc.name or "gguf", "converting the SmolLM2 model", pip_name="'vllm-deploykit[realmodel]'"
         ) from None
 
     from transformers.utils import logging as transformers_logging
