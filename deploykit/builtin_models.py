@@ -47,9 +47,9 @@ def first_use_line(name: str) -> str:
 def make(name: str) -> Path:
     """Build or convert the model (cached); returns its directory."""
     if name == SMOLLM2:
-        from deploykit.smollm2 import ensure_smollm2
+        from deploykit.smollm2 import ensure_in_child
 
-        return ensure_smollm2()
+        return ensure_in_child()
     from deploykit.tinymodel import build_tiny_model
 
     return build_tiny_model()

