@@ -37,7 +37,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -46,6 +46,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.subjects import Subject, subjects  # noqa: E402
 from deploykit.smoke.fingerprint import (  # noqa: E402
     DEFAULT_TOP_K,
     PROBE_PROMPTS,
@@ -61,7 +62,7 @@ from deploykit.smoke.fingerprint import (  # noqa: E402
     tie_margin,
     top_gap,
 )
-from tests.vllm_harness import RunningServer, running_vllm, tiny_serve_args  # noqa: E402
+from tests.vllm_harness import RunningServer, running_vllm  # noqa: E402
 
 STREAMS = 8
 STREAM_MAX_TOKENS = 256
@@ -69,51 +70,6 @@ STREAM_PROMPT_TOKENS = 200
 READINGS_UNDER_LOAD = 6
 FIXED_MARGINS = (0.01, 0.1, 0.5, 1.0)
 READ_TIMEOUT_S = 600.0
-
-
-@dataclass
-class Subject:
-    """A model to measure: where it is, how it is served, what it is called."""
-
-    name: str
-    model_dir: Path
-    served_name: str
-    serve_args: Callable[[str], list[str]]
-    """The `vllm serve` arguments for a dtype (without the prefix-cache flag)."""
-
-
-def tiny_subject() -> Subject:
-    from deploykit.tinymodel import build_tiny_model
-
-    model = build_tiny_model()
-
-    def args(dtype: str) -> list[str]:
-        base = tiny_serve_args(model)
-        base[base.index("--dtype") + 1] = dtype
-        return base
-
-    return Subject("tiny random Llama (~1 M)", model, "tiny", args)
-
-
-def smollm2_subject() -> Subject | None:
-    """SmolLM2-135M-Instruct as deploykit converts it (`deploykit.smollm2`, cached after the first use),
-    served as its profile `smollm2-cpu` serves it; None where the conversion is not in this checkout."""
-    try:
-        from deploykit.smollm2 import ensure_smollm2  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        return None
-    model = Path(ensure_smollm2())
-
-    def args(dtype: str) -> list[str]:
-        base = tiny_serve_args(model, served_name="smollm2", max_model_len=2048)
-        base[base.index("--dtype") + 1] = dtype
-        base[base.index("--kv-cache-memory-bytes") + 1] = "256M"  # as the profile: ~5,800 tokens
-        return base
-
-    return Subject("SmolLM2-135M-Instruct", model, "smollm2", args)
-
-
-SUBJECTS: dict[str, Callable[[], Subject | None]] = {"tiny": tiny_subject, "smollm2": smollm2_subject}
 
 
 # --- reading the probe set ----------------------------------------------------------------------------
@@ -290,7 +246,7 @@ class Soak:
     rotation_failures: list[str] = field(default_factory=list)
 
 
-def soak(server: RunningServer, dtype: str, top_k: int, seconds: float) -> Soak:
+def soak(server: RunningServer, subject: Subject, dtype: str, top_k: int, seconds: float) -> Soak:
     """The canary beside 8 streams for `seconds`: its rotation and one probe reading per run, judged against
     a baseline taken as the smoke takes it."""
     from deploykit.baseline_judge import judge_against
@@ -319,10 +275,10 @@ def soak(server: RunningServer, dtype: str, top_k: int, seconds: float) -> Soak:
         CanaryConfig(
             url=server.base_url,
             served_name=server.served_name,
-            cases=rotation_for(load_profile("demo-cpu").profile),
+            cases=rotation_for(load_profile(subject.profile).profile),
             every_s=1.0,
             timeout_s=300,
-            max_model_len=2048,
+            max_model_len=subject.max_model_len,
             store=False,
             metrics_every_s=0,
         )
@@ -399,8 +355,7 @@ def main() -> None:
     parser.add_argument("--no-cache-off", action="store_true", help="skip the prefix-cache-off server")
     args = parser.parse_args()
     print(f"# bench_fingerprint  {datetime.now(UTC):%Y-%m-%d %H:%M UTC}  load at start: {os.getloadavg()}")
-    for key in args.models.split(","):
-        subject = SUBJECTS[key.strip()]()
+    for key, subject in subjects(args.models):
         if subject is None:
             print(f"\n## {key}: not in this checkout (no conversion), skipped")
             continue
@@ -414,8 +369,8 @@ def main() -> None:
                 ) as server:
                     results.append(measure_server(server, dtype, args.top_k, prefix_cache))
                     if prefix_cache and args.soak_s > 0:
-                        soaked = soak(server, dtype, args.top_k, args.soak_s)
-            print(f"\n## {subject.name}, {dtype}, CPU build, top-{args.top_k}\n")
+                        soaked = soak(server, subject, dtype, args.top_k, args.soak_s)
+            print(f"\n## {subject.title}, {dtype}, CPU build, top-{args.top_k}\n")
             first = results[0]
             print("\n".join(gap_table(first.reference, dtype, first.tolerance)))
             print()
