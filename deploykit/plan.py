@@ -154,9 +154,9 @@ def resolve_model_path(profile: Profile) -> str:
     """The path vLLM is given: builtin models resolve to their cache directory (built on first serve)."""
     source = profile.model.source
     if source.startswith(BUILTIN_PREFIX):
-        from deploykit.tinymodel import tiny_model_dir
+        from deploykit.builtin_models import model_dir
 
-        return str(tiny_model_dir())
+        return str(model_dir(source[len(BUILTIN_PREFIX) :]))
     return source
 
 

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from deploykit import errors
 
 BUILTIN_PREFIX = "builtin:"
-BUILTIN_MODELS = ("tiny-llama",)
+BUILTIN_MODELS = ("tiny-llama", "smollm2-135m-instruct")  # deploykit.builtin_models.NAMES
 # Names whose values are secrets: a profile must reference them, and serve redacts their values.
 SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASS|KEY|CREDENTIAL)", re.I)
 # A literal env value with a token's shape is refused whatever its name.
@@ -89,7 +89,7 @@ class SecretRef(_Strict):
 
 
 class ModelSpec(_Strict):
-    source: str = Field(description="local directory, hub id, or builtin:tiny-llama")
+    source: str = Field(description="local directory, hub id, or builtin:NAME (deploykit.builtin_models)")
     served_name: str | None = None
     checkpoint_dtype: Literal["bfloat16", "float16", "float32"] | None = Field(
         default=None, description="read from config.json when the model is local; state it otherwise"

@@ -174,18 +174,25 @@ def launch_environment(plan: Plan, parent: Mapping[str, str]) -> dict[str, str]:
 
 
 def ensure_model(plan: Plan, source: str, say: Callable[[str], None]) -> None:
-    """Build the builtin tiny model on first use (cached); a missing local path is vLLM's to report."""
+    """Make a builtin model on first use (cached); a missing local path is vLLM's to report."""
+    from deploykit import builtin_models
+    from deploykit.errors import DeploykitError
     from deploykit.paths import default_cache_dir
     from deploykit.profile.schema import BUILTIN_PREFIX
-    from deploykit.tinymodel import build_tiny_model, is_built
 
-    if not source.startswith(BUILTIN_PREFIX) or is_built(plan.model_path):
+    if not source.startswith(BUILTIN_PREFIX):
         return
-    say(f"building the tiny demo model locally (first use, cached in {default_cache_dir()}) ...")
-    built = build_tiny_model()
+    name = source[len(BUILTIN_PREFIX) :]
+    if builtin_models.is_ready(name, plan.model_path):
+        return
+    say(f"{builtin_models.first_use_line(name)}, cached in {default_cache_dir()} ...")
+    try:
+        built = builtin_models.make(name)
+    except DeploykitError as exc:
+        raise StageFailure(Stage.MODEL, exc.message) from None
     if str(built) != plan.model_path:
         raise StageFailure(
-            Stage.MODEL, f"the tiny model was built at {built}, but the plan expects {plan.model_path}"
+            Stage.MODEL, f"the builtin model was made at {built}, but the plan expects {plan.model_path}"
         )
 
 

@@ -119,6 +119,7 @@ CHARTED: dict[str, tuple[str, dict[str, Any], str]] = {
     "hopper": ("qwen-lora-hopper", LISTEN, "hopper_facts"),
     "cpu": ("demo-cpu", LISTEN_OPEN, "turing_facts"),
     "cpu-gemma4": ("demo-gemma4-fp16", LISTEN_OPEN, "no-gpu.json"),
+    "cpu-smollm2": ("smollm2-cpu", LISTEN_OPEN, "turing_facts"),
     "penalties": ("penalties-high-concurrency", LISTEN, "a100.json"),
 }
 
