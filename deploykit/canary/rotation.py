@@ -1,9 +1,9 @@
 """The cases a canary cycles through, each cheap: it runs forever, next to user traffic.
 
-A run checks one case of the rotation: the profile's smoke cases plus every consistency kind, with a few
-tokens, a small batch and a long prompt of at most `CANARY_LONG_PROMPT_TOKENS`. Each run's long prompts are
-salted by its number, so that a run is a real long forward pass, not a prefix-cache hit on the previous
-run's prompt.
+A run checks one case of the rotation: the profile's smoke cases (its known answers among them, each with
+the tokens its answer needs) plus every consistency kind, with a few tokens, a small batch and a long prompt
+of at most `CANARY_LONG_PROMPT_TOKENS`. Each run's long prompts are salted by its number, so that a run is a
+real long forward pass, not a prefix-cache hit on the previous run's prompt.
 
 Why the long prompt is bounded, and by 512: what the long cases detect needs a length, not the context.
 `long_then_short` looks for a long prompt that leaves state behind which breaks the short prompts after it
@@ -43,7 +43,9 @@ def rotation_for(profile: Profile | None) -> list[SmokeCase]:
     base += [SmokeCase(kind=kind) for kind in CONSISTENCY_KINDS if kind not in kinds]
     cheap = []
     for case in base:
-        update: dict[str, Any] = {"max_tokens": min(case.max_tokens, CANARY_MAX_TOKENS)}
+        update: dict[str, Any] = {}
+        if case.expect_substring is None and case.expect_ids is None:  # a known answer needs its tokens
+            update["max_tokens"] = min(case.max_tokens, CANARY_MAX_TOKENS)
         if case.kind == "batch":
             update["batch_size"] = min(case.batch_size, CANARY_BATCH_SIZE)
         if case.kind in LONG_KINDS and case.prompt_tokens is not None:
@@ -57,6 +59,9 @@ def case_labels(cases: Sequence[SmokeCase]) -> list[str]:
     seen: dict[str, int] = {}
     labels = []
     for case in cases:
+        if case.name is not None:  # a known answer: its own name
+            labels.append(case.name)
+            continue
         seen[case.kind] = seen.get(case.kind, 0) + 1
         labels.append(case.kind if seen[case.kind] == 1 else f"{case.kind}#{seen[case.kind]}")
     return labels

@@ -192,6 +192,11 @@ class SmokeCase(_Strict):
     kind: SmokeKind
     prompt: str | None = None
     expect_substring: str | None = None
+    expect_ids: list[Annotated[int, Field(ge=0)]] | None = Field(
+        default=None,
+        description="completion/chat: the first generated token ids, exactly (a known answer, greedy)",
+    )
+    name: str | None = Field(default=None, description="the case's name in reports (known answers)")
     max_tokens: Annotated[int, Field(gt=0, le=4096)] = 16
     adapter: str | None = None
     prompt_tokens: Annotated[int, Field(gt=0)] | None = Field(
@@ -202,6 +207,59 @@ class SmokeCase(_Strict):
     batch_size: Annotated[int, Field(ge=2, le=64)] = Field(
         default=4, description="batch: how many identical requests are sent at once"
     )
+
+    @model_validator(mode="after")
+    def _ids_only_for_plain_answers(self) -> SmokeCase:
+        if self.expect_ids is not None and self.kind not in ("completion", "chat"):
+            raise ValueError("expect_ids: only a completion or chat case has one answer to compare")
+        return self
+
+
+KNOWN_ANSWER_PREFIX = "known:"
+
+
+class KnownAnswer(_Strict):
+    """A prompt whose greedy answer is known: a wrong answer fails the smoke (and the canary's rotation).
+
+    The answer is checked by a substring of its text or by its first token ids, exactly."""
+
+    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$")]
+    kind: Literal["completion", "chat"] = "chat"
+    prompt: Annotated[str, Field(min_length=1)]
+    expect_substring: Annotated[str, Field(min_length=1)] | None = None
+    expect_ids: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] | None = None
+    max_tokens: Annotated[int, Field(gt=0, le=256)] | None = Field(
+        default=None, description="default: 16 for a substring, the number of expected ids for ids"
+    )
+
+    @model_validator(mode="after")
+    def _one_expectation(self) -> KnownAnswer:
+        if (self.expect_substring is None) == (self.expect_ids is None):
+            raise ValueError("give exactly one of expect_substring and expect_ids")
+        if (
+            self.expect_ids is not None
+            and self.max_tokens is not None
+            and self.max_tokens < len(self.expect_ids)
+        ):
+            raise ValueError(
+                f"max_tokens {self.max_tokens} is fewer than the {len(self.expect_ids)} expected ids"
+            )
+        return self
+
+    def as_case(self) -> SmokeCase:
+        """The smoke case that asks it: greedy, as many tokens as the expectation needs."""
+        default = len(self.expect_ids) if self.expect_ids is not None else KNOWN_ANSWER_MAX_TOKENS
+        return SmokeCase(
+            kind=self.kind,
+            prompt=self.prompt,
+            expect_substring=self.expect_substring,
+            expect_ids=self.expect_ids,
+            max_tokens=self.max_tokens or default,
+            name=KNOWN_ANSWER_PREFIX + self.name,
+        )
+
+
+KNOWN_ANSWER_MAX_TOKENS = 16
 
 
 class FingerprintSpec(_Strict):
@@ -225,6 +283,21 @@ class SmokeSpec(_Strict):
         default=0.05, description="prefix_cache: how far the chosen tokens' logprobs may move on a cache hit"
     )
     fingerprint: FingerprintSpec = Field(default_factory=FingerprintSpec)
+    known_answers: list[KnownAnswer] = Field(
+        default_factory=list,
+        description="prompts with a known greedy answer, run beside the cases (docs/known-answers.md)",
+    )
+
+    @field_validator("known_answers")
+    @classmethod
+    def _unique_names(cls, answers: list[KnownAnswer]) -> list[KnownAnswer]:
+        names = [answer.name for answer in answers]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(
+                f"each known answer needs its own name; given more than once: {', '.join(twice)}"
+            )
+        return answers
 
 
 class DeploySpec(_Strict):
@@ -282,6 +355,10 @@ class Profile(_Strict):
                 section = section[part]
             if section[last] == default:
                 del section[last]
+        for case in dumped["smoke"]["cases"] or []:
+            for key, default in _LATER_CASE_FIELD_DEFAULTS.items():
+                if case.get(key) == default:
+                    del case[key]
         canonical = json.dumps(dumped, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -295,7 +372,10 @@ _LATER_FIELD_DEFAULTS: dict[tuple[str, ...], object] = {
     ("advisories",): {},
     ("serve", "count_nan_logits"): True,
     ("smoke", "fingerprint"): FingerprintSpec().model_dump(mode="json"),
+    ("smoke", "known_answers"): [],
 }
+# The same for the fields of each entry of smoke.cases.
+_LATER_CASE_FIELD_DEFAULTS: dict[str, object] = {"expect_ids": None, "name": None}
 
 
 @dataclass(frozen=True)

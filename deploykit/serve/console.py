@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 FIRST_PLAIN_PROGRESS_S = 10.0
 PLAIN_PROGRESS_EVERY_S = 60.0
 PROGRESS_LINE_CHARS = 100  # of vLLM's latest log line: its end, where the news is
+TEXT_SHOWN_CHARS = 60  # of a case's answer, beside its ids
 
 
 class ConsoleUI:
@@ -78,6 +79,8 @@ class ConsoleUI:
         line = (
             f"  {mark} {result.name:<12} {result.latency_s:6.2f} s  {speed:>12}  ids {result.first_ids[:8]}"
         )
+        if result.text:  # the model's words beside its ids; repr escapes anything a terminal would act on
+            line += f"  {result.text[:TEXT_SHOWN_CHARS]!r}"
         self.say(line + (f"\n       {result.diagnosis}" if result.diagnosis else ""))
 
 

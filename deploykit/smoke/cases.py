@@ -44,8 +44,9 @@ def derive_cases(profile: Profile) -> list[SmokeCase]:
     from deploykit.profile.schema import SmokeCase
 
     max_model_len = profile.serve.max_model_len
+    known = [answer.as_case() for answer in profile.smoke.known_answers]
     if profile.smoke.cases is not None:
-        return [_sized(case, max_model_len) for case in profile.smoke.cases]
+        return [_sized(case, max_model_len) for case in [*profile.smoke.cases, *known]]
     cases = [SmokeCase(kind="completion"), SmokeCase(kind="chat")]
     if profile.model.multimodal:
         cases.append(SmokeCase(kind="image"))
@@ -56,7 +57,8 @@ def derive_cases(profile: Profile) -> list[SmokeCase]:
     # Every profile checks that the same question gets the same answer, and that one long prompt does
     # not break the short ones after it (the LoRA field report's failure).
     cases += [SmokeCase(kind="repeat"), SmokeCase(kind="long_then_short")]
-    return [_sized(case, max_model_len) for case in cases]
+    # A known answer is a completion or chat case with its expectation: deploykit.profile.schema.KnownAnswer.
+    return [_sized(case, max_model_len) for case in [*cases, *known]]
 
 
 def long_prompt_tokens(max_model_len: int | None, max_tokens: int) -> int:
@@ -243,18 +245,19 @@ def _requests_for(
 ) -> Iterator[SmokeRequest]:
     kind: SmokeKind = case.kind
     expect = case.expect_substring
+    expect_ids = tuple(case.expect_ids) if case.expect_ids is not None else None
     if kind in ("repeat", "long_then_short", "prefix_cache", "batch"):
         yield from _consistency_requests(case, case.adapter or served_name, salt)
         return
     if kind == "completion":
         prompt = case.prompt or DEFAULT_PROMPTS["completion"]
-        yield SmokeRequest(
-            "completion", kind, "/v1/completions", _completion(served_name, prompt, case.max_tokens), expect
-        )
+        body = _completion(served_name, prompt, case.max_tokens)
+        yield SmokeRequest(case.name or kind, kind, "/v1/completions", body, expect, expect_ids=expect_ids)
     elif kind == "chat":
         prompt = case.prompt or DEFAULT_PROMPTS["chat"]
+        body = _chat(served_name, prompt, case.max_tokens)
         yield SmokeRequest(
-            "chat", kind, "/v1/chat/completions", _chat(served_name, prompt, case.max_tokens), expect
+            case.name or kind, kind, "/v1/chat/completions", body, expect, expect_ids=expect_ids
         )
     elif kind == "image":
         content = [

@@ -246,13 +246,24 @@ def judge(
             f"the long prompt had only {answer.prompt_tokens} tokens; this case needs more than "
             f"{request.min_prompt_tokens}"
         )
-    if request.expect_substring is not None and request.expect_substring not in (answer.text or ""):
-        problems.append(
-            f"expected {request.expect_substring!r} in the text, got {(answer.text or '')[:80]!r}"
-        )
+    problems += wrong_answer(request, answer.text, ids)
     result.passed = not problems
     result.diagnosis = "; ".join(problems)
     return result
+
+
+def wrong_answer(request: SmokeRequest, text: str | None, ids: Sequence[int]) -> list[str]:
+    """A known answer that did not come: one line with what was expected and what came (shortened)."""
+    problems = []
+    if request.expect_substring is not None and request.expect_substring not in (text or ""):
+        problems.append(f"expected {request.expect_substring!r} in the text, got {(text or '')[:80]!r}")
+    expected = request.expect_ids
+    if expected is not None and list(ids[: len(expected)]) != list(expected):
+        shown = list(ids[: max(len(expected), 1)][:FIRST_IDS_KEPT])
+        problems.append(
+            f"expected ids {list(expected)[:FIRST_IDS_KEPT]} first, got {shown} ({(text or '')[:60]!r})"
+        )
+    return problems
 
 
 def summarise(results: Sequence[CaseResult], elapsed_s: float = 0.0) -> SmokeReport:

@@ -62,6 +62,8 @@ class SmokeRequest:
     compare_to: str | None = None
     concurrent: bool = False
     check_logprobs: bool = False
+    expect_ids: tuple[int, ...] | None = None
+    """A known answer: the first generated ids, exactly."""
 
     @property
     def model(self) -> str:

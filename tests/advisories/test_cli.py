@@ -61,6 +61,7 @@ def test_the_fixture_set_is_the_nine_gpus_and_the_added_machines() -> None:
         "gemma4-turing",
         "penalties-high-concurrency",
         "qwen-lora-hopper",
+        "smollm2-cpu",
     ]
 
 

@@ -1,5 +1,6 @@
 """Fixtures for the e2e tests that play pods in real podman (tests/e2e/pod_runtime.py) and that install the
-rendered systemd units under a real systemd in systemd-nspawn (tests/e2e/nspawn_runtime.py)."""
+rendered systemd units under a real systemd in systemd-nspawn (tests/e2e/nspawn_runtime.py); the real model
+and its one server per session (tests/e2e/real_model.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from tests.e2e import nspawn_runtime
 from tests.e2e.nspawn_runtime import NspawnMachine
 from tests.e2e.pod_runtime import PodRuntime, host_venv_bin, unavailable_reason
+from tests.e2e.real_model import real_model_dir, real_model_server  # noqa: F401  (fixtures, by name)
 from tests.vllm_harness import REPO
 
 
