@@ -9,7 +9,8 @@ On each, the probe set (`deploykit.smoke.fingerprint.PROBE_PROMPTS`, greedy, top
 - `alone again`: the same, later (repeat noise),
 - `together`: the four probes at once (the smoke's second reading, and the canary's one),
 - `8 streams`: the four at once while 8 streaming requests (long prompts, long answers) share the batch, read
-  several times, so the probes meet the streams at different points of their prefill and decode.
+  several times, so the probes meet the streams at different points of their prefill and decode; compared
+  with `alone` and with an idle `together` reading (a canary-born baseline's shape).
 
 Per row: the largest logprob difference to `alone` over positions whose ids agree (the noise), positions
 whose greedy ids parted, and the verdict `deploykit.smoke.fingerprint.compare` gives at the tolerance the
@@ -17,14 +18,19 @@ smoke would set (the dtype's floor, or 4 × the alone/together noise). The gap t
 logprob gaps of `alone` over all probe positions, and how many fall under fixed margins and under the
 dtype's tie margins (float32 7.6e-6, bfloat16 0.5 nats).
 
-`--soak-s S` also runs the false-alarm soak on the cache-on server of each model: a baseline as the smoke
-takes it (two readings), then for S seconds 8 streams with the canary's rotation and one probe reading
-after each run (as `deploykit canary` takes it), each judged against the baseline as the canary judges it
-(`baseline_judge.judge_against`). Prints the readings, the mismatches (false alarms) and the largest noise.
+Then, unless `--no-drift`: the test-only finite-drift fault (tests/e2e/drift_worker.py) on a third server, and
+per probe the first position where it parts ids with the baseline's gap there.
+
+`--soak-s S` (default 180; 0: none) also runs the false-alarm soak on the cache-on server of each model: a
+baseline as the smoke takes it (two readings), then for S seconds 8 streams with the canary's rotation
+(the model's profile's) and one probe reading after each run (as `deploykit canary` takes it), each judged
+against the baseline as the canary judges it (`baseline_judge.judge_against`). Prints the readings, the
+mismatches (false alarms) and the largest noise.
 
 Not part of CI (minutes per model).
 
-    .venv/bin/python bench/bench_fingerprint.py [--models tiny,smollm2] [--dtypes float32] [--soak-s 180]
+    .venv/bin/python bench/bench_fingerprint.py [--models tiny,smollm2] [--dtypes float32,bfloat16]
+        [--soak-s 180] [--no-cache-off] [--no-drift]
 """
 
 from __future__ import annotations
@@ -315,6 +321,58 @@ def soak(server: RunningServer, subject: Subject, dtype: str, top_k: int, second
     return result
 
 
+# --- the finite drift -----------------------------------------------------------------------------------
+
+
+def drift_margins(subject: Subject, dtype: str, top_k: int) -> list[str]:
+    """Serve with the test-only drift worker (tests/e2e/drift_worker.py), read the probe set, start the drift,
+    read it again: where ids part, and the baseline's top-1/top-2 gap at each first parting (how clear a
+    margin the fingerprint catches the drift at)."""
+    import httpx
+
+    from tests.e2e.drift_worker import FAULT_KEY, MARKER, WORKER_CLS
+    from tests.vllm_harness import REPO
+
+    args = [*subject.serve_args(dtype), "--worker-cls", WORKER_CLS]
+    with running_vllm(args, served_name=subject.served_name, env={"PYTHONPATH": str(REPO)}) as server:
+        read_together(server, top_k)
+        before = read_alone(server, top_k)
+        trigger = {"model": subject.served_name, "prompt": "hi", "max_tokens": 2}
+        httpx.post(
+            server.base_url + "/v1/completions",
+            json={**trigger, "vllm_xargs": {FAULT_KEY: MARKER}},
+            timeout=READ_TIMEOUT_S,
+        ).raise_for_status()
+        after = read_alone(server, top_k)
+    tolerance = logprob_tolerance(dtype)
+    lines = [
+        f"Finite drift ({subject.title}, {dtype}): per probe, the first generated position whose id changed:"
+    ]
+    lines += [
+        "",
+        "| probe | position | baseline id → drifted id | baseline top-1/top-2 gap (nats) |",
+        "|---|---|---|---|",
+    ]
+    theirs = {answer.prompt: answer for answer in after}
+    for answer in before:
+        other = theirs[answer.prompt]
+        pairs = enumerate(zip(answer.ids, other.ids, strict=True))
+        parted_at = next((n for n, (a, b) in pairs if a != b), None)
+        if parted_at is None:
+            lines.append(f"| {answer.prompt} | ids unchanged | | |")
+            continue
+        gap = top_gap(answer.top[parted_at])
+        ids = f"{answer.ids[parted_at]} → {other.ids[parted_at]}"
+        lines.append(f"| {answer.prompt} | {parted_at} | {ids} | {'?' if gap is None else f'{gap:.3g}'} |")
+    mismatch, _ = compare(before, after, tolerance)
+    lines += [
+        "",
+        f"compare() at the dtype's floor ({tolerance:.2g}): "
+        + ("MISMATCH: " + mismatch.describe(tolerance) if mismatch else "match"),
+    ]
+    return lines
+
+
 # --- printing ------------------------------------------------------------------------------------------
 
 
@@ -362,8 +420,11 @@ def main() -> None:
     parser.add_argument("--models", default="tiny,smollm2", help="comma-separated: tiny, smollm2")
     parser.add_argument("--dtypes", default="float32", help="comma-separated: float32, bfloat16")
     parser.add_argument("--top-k", type=int, default=DEFAULT_TOP_K)
-    parser.add_argument("--soak-s", type=float, default=0.0, help="false-alarm soak per model (0: none)")
+    parser.add_argument("--soak-s", type=float, default=180.0, help="false-alarm soak per model (0: none)")
     parser.add_argument("--no-cache-off", action="store_true", help="skip the prefix-cache-off server")
+    parser.add_argument(
+        "--no-drift", action="store_true", help="skip: where the finite-drift fault parts ids"
+    )
     args = parser.parse_args()
     print(f"# bench_fingerprint  {datetime.now(UTC):%Y-%m-%d %H:%M UTC}  load at start: {os.getloadavg()}")
     for key, subject in subjects(args.models):
@@ -404,6 +465,9 @@ def main() -> None:
                 )
                 for alarm in soaked.alarms[:3] + soaked.rotation_failures[:3]:
                     print(f"  - {alarm[:300]}")
+            if not args.no_drift:
+                print()
+                print("\n".join(drift_margins(subject, dtype, args.top_k)))
 
 
 if __name__ == "__main__":
