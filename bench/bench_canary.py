@@ -1,4 +1,6 @@
-"""The canary's cost on the real vLLM (CPU build, tiny model), and the cost of vLLM's NaN counter.
+"""The canary's cost on the real vLLM (CPU build), and the cost of vLLM's NaN counter, for each model in one
+run: the tiny random Llama and SmolLM2-135M-Instruct (bench/subjects.py), each under its own profile's
+rotation, so the two are compared under the same load.
 
 1. Per canary run: the rotation's case and the fingerprint probe set (`deploykit.smoke.fingerprint`, one
    reading per run; when that module is absent, the rotation alone), in tokens and as a share of capacity
@@ -10,9 +12,12 @@
    machine falls on both alike. TPOT per request = (last token's time − first token's) / (tokens − 1),
    tokens counted by their ids (`bench/tpot.py`), never from gaps between stream chunks.
 3. TPOT under the same 8 streams with a canary (rotation + probe set) every 60 s and every 5 s.
-Not part of CI (several minutes).
+4. The cost in units that carry to a GPU: prompt, prefill (prompt tokens the prefix cache did not serve, from
+   vLLM's own counters) and generated tokens per run and per hour per replica at the default interval.
+   A GPU replica's capacity is larger, so its share is smaller; the tokens are the same.
+Not part of CI (several minutes per model).
 
-    .venv/bin/python bench/bench_canary.py [--seconds 30] [--rounds 3] [--write-docs]
+    .venv/bin/python bench/bench_canary.py [--models tiny,smollm2] [--seconds 30] [--rounds 3] [--write-docs]
 """
 
 from __future__ import annotations
@@ -24,20 +29,21 @@ import statistics
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.benchmarks_doc import DOCS, write_section  # noqa: E402
+from bench.subjects import Subject, subjects  # noqa: E402
 from bench.tpot import read_stream  # noqa: E402
 from deploykit.canary.defaults import EVERY_S as DEFAULT_EVERY_S  # noqa: E402
 from deploykit.canary.defaults import NAN_COUNTER_ENV  # noqa: E402
 from deploykit.canary.rotation import rotation_for  # noqa: E402
 from deploykit.canary.runner import Canary, CanaryConfig  # noqa: E402
 from deploykit.profile.load import load_profile  # noqa: E402
-from deploykit.tinymodel import build_tiny_model  # noqa: E402
-from tests.vllm_harness import RunningServer, running_vllm, tiny_serve_args  # noqa: E402
+from tests.vllm_harness import RunningServer, running_vllm  # noqa: E402
 
 SECTION = "bench_canary"
 AT_ONCE_S = 0.001
@@ -52,43 +58,40 @@ NOISE_NOTE = (
 
 
 class ProbeSet:
-    """The fingerprint probe set as the canary sends it each run (one reading), or nothing while the
-    fingerprint module is not there: the bench then measures the rotation alone."""
+    """The fingerprint probe set as the canary sends it each run (one reading)."""
 
-    def __init__(self) -> None:
-        try:
-            from deploykit.smoke import fingerprint
-        except ImportError:
-            self.prompts: dict[str, list[int]] = {}
-            self.max_tokens = 0
-            return
-        self.prompts = dict(fingerprint.PROBE_PROMPTS)
+    def __init__(self, served_name: str) -> None:
+        from deploykit.smoke import fingerprint
+
+        self.served_name = served_name
+        self.prompts: dict[str, list[int]] = dict(fingerprint.PROBE_PROMPTS)
         self.max_tokens = fingerprint.PROBE_MAX_TOKENS
         self.top_k = fingerprint.DEFAULT_TOP_K
 
-    @property
-    def present(self) -> bool:
-        return bool(self.prompts)
-
     def tokens(self) -> int:
         """Prompt + generated tokens of one reading (exact: token-id prompts, fixed length, ignore_eos)."""
-        return sum(len(ids) + self.max_tokens for ids in self.prompts.values())
+        return self.prompt_tokens() + len(self.prompts) * self.max_tokens
+
+    def prompt_tokens(self) -> int:
+        return sum(len(ids) for ids in self.prompts.values())
 
     def read(self, base_url: str) -> float:
         """One reading, as the canary takes it; returns its wall time."""
         from deploykit.smoke.fingerprint_probe import take_fingerprint
 
         started = time.monotonic()
-        take_fingerprint(base_url, "tiny", dtype="float32", top_k=self.top_k, timeout_s=120, readings=1)
+        take_fingerprint(
+            base_url, self.served_name, dtype="float32", top_k=self.top_k, timeout_s=300, readings=1
+        )
         return time.monotonic() - started
 
 
-def stream_load(base_url: str, seconds: float) -> tuple[list[float], int]:
+def stream_load(server: RunningServer, seconds: float) -> tuple[list[float], int]:
     """8 streaming clients for `seconds`: each request's TPOT, and the tokens (prompt + output) processed."""
     import httpx
 
     body = {
-        "model": "tiny",
+        "model": server.served_name,
         "prompt": "Once upon a time there was",
         "max_tokens": MAX_TOKENS,
         "temperature": 0,
@@ -103,7 +106,7 @@ def stream_load(base_url: str, seconds: float) -> tuple[list[float], int]:
     stop_at = time.monotonic() + seconds
 
     def client() -> None:
-        with httpx.Client(base_url=base_url, timeout=300) as http:
+        with httpx.Client(base_url=server.base_url, timeout=300) as http:
             while time.monotonic() < stop_at:
                 with http.stream("POST", "/v1/completions", json=body) as response:
                     timing = read_stream(response.iter_lines())
@@ -122,29 +125,44 @@ def stream_load(base_url: str, seconds: float) -> tuple[list[float], int]:
 
 
 SERVER_TPOT = "vllm:request_time_per_output_token_seconds"
+COUNTERS = {
+    "tpot_sum": SERVER_TPOT + "_sum",
+    "tpot_count": SERVER_TPOT + "_count",
+    "prompt": "vllm:prompt_tokens_total",
+    "generated": "vllm:generation_tokens_total",
+    "cache_hits": "vllm:prefix_cache_hits_total",
+}
 
 
-def server_tpot_totals(base_url: str) -> tuple[float, float]:
-    """vLLM's own per-request TPOT histogram (decode time / (generated tokens − 1), from the engine's token
-    timestamps): its sum and count so far, summed over engines."""
+def counters(base_url: str) -> dict[str, float]:
+    """vLLM's own counters (COUNTERS), each summed over its label sets."""
     import httpx
 
-    total = count = 0.0
+    totals = dict.fromkeys(COUNTERS, 0.0)
     for line in httpx.get(base_url + "/metrics", timeout=30).text.splitlines():
-        if line.startswith(SERVER_TPOT + "_sum"):
-            total += float(line.rsplit(" ", 1)[1])
-        elif line.startswith(SERVER_TPOT + "_count"):
-            count += float(line.rsplit(" ", 1)[1])
-    return total, count
+        for key, name in COUNTERS.items():
+            if line.startswith((name + "{", name + " ")):
+                totals[key] += float(line.rsplit(" ", 1)[1])
+    return totals
 
 
-def canary_for(server: RunningServer, every_s: float) -> Canary:
-    profile = load_profile("demo-cpu").profile
+def delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {key: after[key] - before[key] for key in before}
+
+
+def server_tpot(change: dict[str, float]) -> float:
+    """vLLM's mean TPOT over a window (decode time / (generated tokens − 1), engine timestamps)."""
+    return change["tpot_sum"] / max(1.0, change["tpot_count"])
+
+
+def canary_for(server: RunningServer, subject: Subject, every_s: float) -> Canary:
+    profile = load_profile(subject.profile).profile
     config = CanaryConfig(
         url=server.base_url,
-        served_name="tiny",
+        served_name=subject.served_name,
         cases=rotation_for(profile),
         every_s=every_s,
+        timeout_s=300,
         max_model_len=profile.serve.max_model_len,
         store=False,
         metrics_every_s=0,
@@ -157,8 +175,7 @@ def canary_loop(canary: Canary, probes: ProbeSet, stop: threading.Event) -> None
     next_at = time.monotonic()
     while not stop.is_set():
         canary.run_once()
-        if probes.present:
-            probes.read(canary.config.url)
+        probes.read(canary.config.url)
         next_at = max(next_at + canary.config.every_s, time.monotonic())
         stop.wait(max(0.0, next_at - time.monotonic()))
 
@@ -172,43 +189,63 @@ def ms(value: float) -> str:
     return f"{value * 1000:.1f} ms"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--seconds", type=float, default=30.0, help="load per TPOT window")
-    parser.add_argument(
-        "--rounds", type=int, default=3, help="alternating off/on windows for the NaN counter"
-    )
-    parser.add_argument("--write-docs", action="store_true")
-    args = parser.parse_args()
-    model = build_tiny_model()
-    probes = ProbeSet()
+@dataclass
+class Cost:
+    """One model's figures, for the summary across models."""
+
+    title: str
+    run_tokens: float
+    prompt_tokens: float
+    prefill_tokens: float
+    generated_tokens: float
+    run_s: float
+    capacity_per_s: float
+    token_share: float
+    tpot_ratio: float
+    load: str
+
+
+IDLE_ROTATIONS = 3
+
+
+def measure(subject: Subject, args: argparse.Namespace) -> tuple[list[str], Cost]:
+    """Everything for one model: two servers (NaN counter off and on), the canary alone, TPOT under 8 streams
+    with and without it."""
+    probes = ProbeSet(subject.served_name)
     with contextlib.ExitStack() as stack:
         # Two servers up at once: the NaN counter off and on (the plan's default).
-        off = stack.enter_context(running_vllm(tiny_serve_args(model), env={NAN_COUNTER_ENV: "0"}))
-        on = stack.enter_context(running_vllm(tiny_serve_args(model), env={NAN_COUNTER_ENV: "1"}))
+        serve_args = subject.serve_args()
+        name = subject.served_name
+        off = stack.enter_context(running_vllm(serve_args, served_name=name, env={NAN_COUNTER_ENV: "0"}))
+        on = stack.enter_context(running_vllm(serve_args, served_name=name, env={NAN_COUNTER_ENV: "1"}))
 
         # 1. Per run, alone on an idle server (the plan's: counter on). Warm up first (logprobs compile).
-        idle = canary_for(on, DEFAULT_EVERY_S)
+        idle = canary_for(on, subject, DEFAULT_EVERY_S)
         for _ in range(len(idle.config.cases)):
             idle.run_once()
-        if probes.present:
-            probes.read(on.base_url)
+        probes.read(on.base_url)
         per_case: dict[str, list[float]] = {}
-        rotation_tokens = 0
+        failed: list[str] = []
         probe_s: list[float] = []
-        for _ in range(3):
+        before = counters(on.base_url)
+        for _ in range(IDLE_ROTATIONS):
             for _ in range(len(idle.config.cases)):
                 summary = idle.run_once()
                 per_case.setdefault(summary.case, []).append(summary.report.elapsed_s)
-                rotation_tokens += sum(
-                    (c.prompt_tokens or 0) + c.completion_tokens for c in summary.report.cases
-                )
-            if probes.present:
-                probe_s.append(probes.read(on.base_url))
-        rotation_tokens_per_run = rotation_tokens / 3 / len(per_case)
+                if summary.outcome != "pass":
+                    failed.append(f"{summary.case}: {summary.report.diagnosis[:160]}")
+            probe_s.append(probes.read(on.base_url))
+        runs = IDLE_ROTATIONS * len(idle.config.cases)
+        spent = delta(before, counters(on.base_url))
+        # One probe reading per rotation here, one per run in the canary: add the missing ones exactly.
+        extra_readings = runs - IDLE_ROTATIONS
+        prompt_per_run = (spent["prompt"] + extra_readings * probes.prompt_tokens()) / runs
+        prefill_per_run = prompt_per_run - spent["cache_hits"] / runs  # the probes never hit the cache
+        generated_per_run = (
+            spent["generated"] + extra_readings * len(probes.prompts) * probes.max_tokens
+        ) / runs
         rotation_run_s = statistics.mean(statistics.median(v) for v in per_case.values())
-        probe_run_s = statistics.median(probe_s) if probe_s else 0.0
-        probe_tokens = probes.tokens() if probes.present else 0
+        probe_run_s = statistics.median(probe_s)
 
         # 2. TPOT, the NaN counter off and on, alternating windows; the capacity from the same streams.
         tpots: dict[str, list[float]] = {"off": [], "on": []}
@@ -217,96 +254,95 @@ def main() -> None:
         processed: dict[str, int] = {"off": 0, "on": 0}
         load_avg: list[float] = []
         for _ in range(args.rounds):
-            for name, server in (("off", off), ("on", on)):
-                sum_before, count_before = server_tpot_totals(server.base_url)
-                values, tokens = stream_load(server.base_url, args.seconds)
-                sum_after, count_after = server_tpot_totals(server.base_url)
-                server_means[name].append((sum_after - sum_before) / max(1.0, count_after - count_before))
-                tpots[name] += values
-                window_medians[name].append(statistics.median(values))
-                processed[name] += tokens
+            for label, server in (("off", off), ("on", on)):
+                before = counters(server.base_url)
+                values, tokens = stream_load(server, args.seconds)
+                server_means[label].append(server_tpot(delta(before, counters(server.base_url))))
+                tpots[label] += values
+                window_medians[label].append(statistics.median(values))
+                processed[label] += tokens
                 load_avg.append(os.getloadavg()[0])
         capacity_per_s = processed["on"] / (args.rounds * args.seconds)
 
         # 3. TPOT with a canary (rotation + probe set) on the plan's server.
         with_canary: dict[str, tuple[list[float], float, int, str]] = {}
         for every in (DEFAULT_EVERY_S, 5.0):
-            canary = canary_for(on, every)
+            canary = canary_for(on, subject, every)
             stop = threading.Event()
             thread = threading.Thread(target=canary_loop, args=(canary, probes, stop))
             thread.start()
-            sum_before, count_before = server_tpot_totals(on.base_url)
-            values, _ = stream_load(on.base_url, args.seconds * 2)
-            sum_after, count_after = server_tpot_totals(on.base_url)
+            before = counters(on.base_url)
+            values, _ = stream_load(on, args.seconds * 2)
+            server_mean = server_tpot(delta(before, counters(on.base_url)))
             stop.set()
             thread.join()
-            server_mean = (sum_after - sum_before) / max(1.0, count_after - count_before)
             with_canary[f"every {every:g} s"] = (values, server_mean, canary.runs, canary.state.status)
+            load_avg.append(os.getloadavg()[0])
 
     every = DEFAULT_EVERY_S
-    run_tokens = rotation_tokens_per_run + probe_tokens
+    per_hour = 3600.0 / every
+    run_tokens = prompt_per_run + generated_per_run
     run_s = rotation_run_s + probe_run_s
     token_share = (run_tokens / every) / capacity_per_s
-    rotation_share = (rotation_tokens_per_run / every) / capacity_per_s
-    probe_share = (probe_tokens / every) / capacity_per_s
-    probe_note = (
-        f"fingerprint probe set: {len(probes.prompts)} prompts × {probes.max_tokens} generated tokens, top-"
-        f"{probes.top_k} logprobs, one reading per run"
-        if probes.present
-        else "no fingerprint probe set in this checkout (deploykit/smoke/fingerprint.py): the rotation alone"
-    )
+    probe_share = (probes.tokens() / every) / capacity_per_s
+    server_ratio = statistics.mean(server_means["on"]) / statistics.mean(server_means["off"])
+    load = f"{min(load_avg):.1f}–{max(load_avg):.1f}"
     lines = [
-        "Tiny random Llama on vLLM's CPU build (2 cores, float32, `--enforce-eager`); demo-cpu rotation "
-        f"({', '.join(per_case)}; at most 8 generated tokens per request, 4-request batch case); "
-        f"{probe_note}.",
+        f"### {subject.title}",
         "",
-        "| per canary run (alone, idle server) | median latency | tokens (prompt + generated) |",
+        f"{subject.title} on vLLM's CPU build (2 cores, float32, `--enforce-eager`), profile "
+        f"`{subject.profile}`: its rotation ({', '.join(per_case)}; at most 8 generated tokens per request, "
+        f"4-request batch case); fingerprint probe set: {len(probes.prompts)} prompts × {probes.max_tokens} "
+        f"generated tokens, top-{probes.top_k} logprobs, one reading per run.",
+        "",
+        "| per canary run (alone, idle server) | median latency |",
+        "|---|---|",
+        *[f"| rotation case {case} | {statistics.median(v) * 1000:.0f} ms |" for case, v in per_case.items()],
+        f"| rotation, mean case | {rotation_run_s * 1000:.0f} ms |",
+        f"| fingerprint probe set (one reading) | {probe_run_s * 1000:.0f} ms |",
+        f"| **a whole run** | **{run_s * 1000:.0f} ms** |",
+        "",
+        f"Tokens per run (mean over {IDLE_ROTATIONS} rotations, from vLLM's own counters) and per hour per "
+        f"replica at the default interval ({every:g} s, {per_hour:.0f} runs an hour):",
+        "",
+        "| | per run | per hour per replica |",
         "|---|---|---|",
-        *[
-            f"| rotation case {name} | {statistics.median(v) * 1000:.0f} ms | |"
-            for name, v in per_case.items()
-        ],
-        f"| rotation, mean case | {rotation_run_s * 1000:.0f} ms | {rotation_tokens_per_run:.0f} |",
-    ]
-    if probes.present:
-        lines.append(
-            f"| fingerprint probe set (one reading) | {probe_run_s * 1000:.0f} ms | {probe_tokens} |"
-        )
-    lines += [
-        f"| **a whole run** | **{run_s * 1000:.0f} ms** | **{run_tokens:.0f}** |",
+        f"| prompt tokens | {prompt_per_run:.0f} | {prompt_per_run * per_hour:,.0f} |",
+        f"| prefill tokens (prompt tokens the prefix cache did not serve) | {prefill_per_run:.0f} | "
+        f"{prefill_per_run * per_hour:,.0f} |",
+        f"| generated tokens | {generated_per_run:.0f} | {generated_per_run * per_hour:,.0f} |",
+        f"| **all** | **{run_tokens:.0f}** | **{run_tokens * per_hour:,.0f}** |",
         "",
-        f"- Token share at the default interval ({every:g} s): {run_tokens:.0f} tokens per run vs a "
-        f"capacity of {capacity_per_s:.0f} tokens/s under {STREAMS} streams = **{token_share * 100:.3f} %** "
-        f"(rotation {rotation_share * 100:.3f} % + probe set {probe_share * 100:.3f} %; goal ≤ 1 %).",
+        f"- Token share at the default interval: {run_tokens:.0f} tokens per run vs a capacity of "
+        f"{capacity_per_s:.0f} tokens/s under {STREAMS} streams = **{token_share * 100:.3f} %** (probe set "
+        f"{probes.tokens()} tokens, {probe_share * 100:.3f} %; goal ≤ 1 %).",
         f"- Busy-time share: {run_s * 1000:.0f} ms / {every:g} s = **{run_s / every * 100:.2f} %** (upper "
         "bound: alone, nothing else is batched).",
+    ]
+    if failed:
+        lines.append(f"- Rotation runs that did not pass on the idle server: {'; '.join(failed[:3])}")
+    lines += [
         "",
         f"TPOT of {STREAMS} concurrent streams ({MAX_TOKENS} tokens each), `{NAN_COUNTER_ENV}` off and on: "
         f"two servers up at once, {args.rounds} alternating windows of {args.seconds:g} s each (load average "
-        f"{min(load_avg):.1f}–{max(load_avg):.1f} during them). TPOT per request = (last token − first) / "
-        "(tokens − 1), tokens counted by id:",
+        f"{load} during this model's windows). TPOT per request = (last token − first) / (tokens − 1), "
+        "tokens counted by id:",
         "",
         "| `" + NAN_COUNTER_ENV + "` | requests | client TPOT median | p10 | p90 | window medians | "
         "all tokens at once | vLLM's TPOT, mean per window |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for name in ("off", "on"):
-        values = tpots[name]
+    for label in ("off", "on"):
+        values = tpots[label]
         at_once = sum(1 for v in values if v * (MAX_TOKENS - 1) < AT_ONCE_S) / len(values)
         lines.append(
-            f"| {name} | {len(values)} | {ms(statistics.median(values))} | {ms(percentile(values, 0.1))} | "
-            f"{ms(percentile(values, 0.9))} | {', '.join(ms(v) for v in window_medians[name])} | "
-            f"{at_once * 100:.0f} % | {', '.join(ms(v) for v in server_means[name])} |"
+            f"| {label} | {len(values)} | {ms(statistics.median(values))} | {ms(percentile(values, 0.1))} | "
+            f"{ms(percentile(values, 0.9))} | {', '.join(ms(v) for v in window_medians[label])} | "
+            f"{at_once * 100:.0f} % | {', '.join(ms(v) for v in server_means[label])} |"
         )
-    server_ratio = statistics.mean(server_means["on"]) / statistics.mean(server_means["off"])
     lines += [
         "",
-        f"vLLM's own TPOT (`{SERVER_TPOT}`, the same definition from the engine's token timestamps), mean "
-        f"over the windows, on / off: **{server_ratio:.3f}**. The client's TPOT times the tokens' *arrival*. "
-        "vLLM's CPU build delivers most requests' one-token chunks together at the end of the request ("
-        "'all tokens at once': the first and last token within 1 ms; seen also with a raw socket, one "
-        "stream, an idle server: 64 chunks in one `recv`), so the client's median is 0.0 ms even with "
-        "tokens counted by id: on this build only vLLM's own TPOT compares the two settings.",
+        f"vLLM's own TPOT (`{SERVER_TPOT}`), mean over the windows, on / off: **{server_ratio:.3f}**.",
         "",
         f"TPOT under the same {STREAMS} streams ({args.seconds * 2:g} s each) with a canary (rotation + "
         "probe set) on the plan's server (counter on):",
@@ -317,14 +353,82 @@ def main() -> None:
         f"| none (the `on` windows above) | {len(tpots['on'])} | {ms(statistics.mean(server_means['on']))} | "
         f"{ms(percentile(tpots['on'], 0.9))} | - | - |",
     ]
-    for name, (values, server_mean, runs, status) in with_canary.items():
+    for label, (values, server_mean, runs_done, status) in with_canary.items():
         lines.append(
-            f"| {name} | {len(values)} | {ms(server_mean)} | {ms(percentile(values, 0.9))} | {runs} "
+            f"| {label} | {len(values)} | {ms(server_mean)} | {ms(percentile(values, 0.9))} | {runs_done} "
             f"| {status} |"
         )
-    lines += ["", NOISE_NOTE]
-    body = "\n".join(lines)
-    print(body)
+    cost = Cost(
+        subject.title,
+        run_tokens,
+        prompt_per_run,
+        prefill_per_run,
+        generated_per_run,
+        run_s,
+        capacity_per_s,
+        token_share,
+        server_ratio,
+        load,
+    )
+    return lines, cost
+
+
+def summary(costs: list[Cost]) -> list[str]:
+    per_hour = 3600.0 / DEFAULT_EVERY_S
+    lines = [
+        "One run, the models one after the other, the canary at its default interval "
+        f"({DEFAULT_EVERY_S:g} s):",
+        "",
+        "| model | tokens per run | prefill tokens per hour per replica | all tokens per hour per replica | "
+        "run (alone) | capacity, 8 streams | token share | vLLM TPOT, NaN counter on / off | load average |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for cost in costs:
+        lines.append(
+            f"| {cost.title} | {cost.run_tokens:.0f} | {cost.prefill_tokens * per_hour:,.0f} | "
+            f"{cost.run_tokens * per_hour:,.0f} | {cost.run_s * 1000:.0f} ms | {cost.capacity_per_s:.0f} "
+            f"tokens/s | {cost.token_share * 100:.3f} % | {cost.tpot_ratio:.3f} | {cost.load} |"
+        )
+    if len(costs) == 2:
+        a, b = costs
+        lines += [
+            "",
+            f"{b.title} over {a.title}: tokens per run ×{b.run_tokens / a.run_tokens:.2f} (the text prompts "
+            "tokenize differently, the profiles' rotations differ), capacity "
+            f"×{b.capacity_per_s / a.capacity_per_s:.3f}, "
+            f"token share ×{b.token_share / a.token_share:.2f}.",
+        ]
+    lines += [
+        "",
+        "The tokens per hour carry to a GPU replica unchanged (the same requests, whatever runs them); the "
+        "share does not: a GPU replica's capacity is orders of magnitude above this 2-core machine's, so the "
+        "same tokens are a far smaller share there.",
+    ]
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--models", default="tiny,smollm2", help="comma-separated: tiny, smollm2")
+    parser.add_argument("--seconds", type=float, default=30.0, help="load per TPOT window")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="alternating off/on windows for the NaN counter"
+    )
+    parser.add_argument("--write-docs", action="store_true")
+    args = parser.parse_args()
+    sections: list[str] = []
+    costs: list[Cost] = []
+    for key, subject in subjects(args.models):
+        if subject is None:
+            sections += [f"### {key}: not in this checkout (no conversion), skipped", ""]
+            continue
+        lines, cost = measure(subject, args)
+        print("\n".join(lines), flush=True)
+        sections += [*lines, ""]
+        costs.append(cost)
+    body = "\n".join([*summary(costs), "", *sections, NOISE_NOTE])
+    print()
+    print("\n".join(summary(costs)))
     if args.write_docs:
         write_section(DOCS, SECTION, "Canary cost (bench/bench_canary.py)", body)
 

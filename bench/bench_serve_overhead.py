@@ -69,10 +69,11 @@ def baseline(port: int, log_dir: Path) -> dict[str, float]:
     """vLLM with the same argv and the same requests, driven by the fewest lines possible."""
     import httpx
 
+    from deploykit.argv import with_port
     from deploykit.plan import make_plan
     from deploykit.probe.load import probe
     from deploykit.profile.load import load_profile
-    from deploykit.serve.helpers import resolve_executable, with_port
+    from deploykit.serve.helpers import resolve_executable
     from deploykit.serve.launch import start_server
     from deploykit.serve.stages import launch_environment
     from deploykit.smoke import derive_cases, smoke_requests

@@ -18,6 +18,8 @@ SCRIPTS = [
     "bench_penalties.py",
     "bench_serve_overhead.py",
     "bench_penalties_serving.py",
+    "bench_canary.py",
+    "bench_fingerprint.py",
 ]
 
 

@@ -222,7 +222,7 @@ class SmokeCase(_Strict):
     prompt_tokens: Annotated[int, Field(gt=0)] | None = Field(
         default=None,
         description="long_then_short / prefix_cache: the long prompt's length in tokens "
-        "(default: 512, or as long as serve.max_model_len allows)",
+        "(default: 512, fewer when serve.max_model_len has no room; the canary sends at most 512)",
     )
     batch_size: Annotated[int, Field(ge=2, le=64)] = Field(
         default=4, description="batch: how many identical requests are sent at once"

@@ -28,7 +28,7 @@ DEFAULT_PROMPTS: dict[str, str] = {
 # About ten tokens per sentence in common tokenizers, so 60 of them is well over 400 tokens.
 _LONG_SENTENCE = "The quick brown fox jumps over the lazy dog near the river bank. "
 _LONG_REPEATS = 60
-# Consistency cases: a long prompt of at least this many tokens, or as long as max_model_len allows.
+# Consistency cases: a long prompt of this many tokens, or fewer when max_model_len has no room for it.
 LONG_PROMPT_TOKENS = 512
 # The long prompts are token ids, so their length is exact whatever the tokenizer. Ids 128..255 are
 # ordinary tokens in every vocabulary deploykit serves: byte tokens in byte-level BPE (Llama 3, Qwen, the
@@ -62,7 +62,9 @@ def derive_cases(profile: Profile) -> list[SmokeCase]:
 
 
 def long_prompt_tokens(max_model_len: int | None, max_tokens: int) -> int:
-    """The long prompt's length: 512 tokens, or as long as max_model_len leaves room for the answer."""
+    """The long prompt's length: 512 tokens, fewer only when max_model_len leaves no room for them and the
+    answer. Never more: what the long cases detect needs a length, not the whole context (see
+    deploykit.canary.rotation)."""
     if max_model_len is None:
         return LONG_PROMPT_TOKENS
     return max(1, min(LONG_PROMPT_TOKENS, max_model_len - max_tokens - 1))

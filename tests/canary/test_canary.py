@@ -20,13 +20,13 @@ import pytest
 
 from deploykit.canary.config import CanaryOptions, build_config, config_for_profile
 from deploykit.canary.listener import parse_listen, serve_http
-from deploykit.canary.rotation import case_labels, rotation_for
+from deploykit.canary.rotation import CANARY_LONG_PROMPT_TOKENS, case_labels, rotation_for, run_requests
 from deploykit.canary.runner import Canary, CanaryConfig, RunSummary
 from deploykit.canary.state import CanaryState, outcome_of
 from deploykit.profile.load import load_profile
-from deploykit.profile.schema import SmokeCase
+from deploykit.profile.schema import Profile, SmokeCase
 from deploykit.results.sql.store import open_store
-from deploykit.smoke import CaseResult, SmokeReport, summarise
+from deploykit.smoke import LONG_PROMPT_TOKENS, CaseResult, SmokeReport, requests_for_profile, summarise
 
 
 def case(passed: bool = True, miss: bool = False, diagnosis: str = "", warning: str = "") -> CaseResult:
@@ -138,6 +138,43 @@ def test_rotation_is_cheap_and_covers_every_consistency_kind() -> None:
         "batch",
     ]
     assert case_labels([SmokeCase(kind="repeat"), SmokeCase(kind="repeat")]) == ["repeat", "repeat#2"]
+
+
+def _long_prompt_lengths(requests: list[Any]) -> list[int]:
+    return [len(r.body["prompt"]) for r in requests if isinstance(r.body.get("prompt"), list)]
+
+
+def test_the_long_case_is_bounded_by_what_it_detects_not_by_max_model_len() -> None:
+    # qwen-lora-hopper serves 32k tokens; its rotation's long prompts stay at 512, a full rotation included.
+    profile = load_profile("qwen-lora-hopper").profile
+    assert profile.serve.max_model_len == 32768
+    rotation = rotation_for(profile)
+    lengths = [
+        n
+        for number in range(len(rotation))
+        for n in _long_prompt_lengths(run_requests(rotation, number, "q", "a", profile.serve.max_model_len))
+    ]
+    assert (
+        max(lengths) == CANARY_LONG_PROMPT_TOKENS == 512 and CANARY_LONG_PROMPT_TOKENS >= LONG_PROMPT_TOKENS
+    )
+    # A profile that asks for a full-context long case gets it in its start-up smoke, once per start; the
+    # canary, which asks every minute for as long as the server serves, sends the bounded one.
+    long = {"kind": "long_then_short", "prompt_tokens": 30000}
+    cached = {"kind": "prefix_cache", "prompt_tokens": 30000}
+    explicit = Profile.model_validate(
+        {
+            "name": "p",
+            "model": {"source": "/models/m"},
+            "serve": {"max_model_len": 32768},
+            "smoke": {"cases": [long, cached]},
+        }
+    )
+    assert max(_long_prompt_lengths(requests_for_profile(explicit))) == 30000
+    rotation = rotation_for(explicit)
+    for number in range(len(rotation)):
+        requests = run_requests(rotation, number, "m", None, 32768)
+        assert all(n <= CANARY_LONG_PROMPT_TOKENS for n in _long_prompt_lengths(requests)), number
+    assert [c.prompt_tokens for c in rotation if c.kind in ("long_then_short", "prefix_cache")] == [512, 512]
 
 
 def test_each_run_checks_the_next_case_with_fresh_long_prompts(tmp_path: Path) -> None:
@@ -375,7 +412,7 @@ def test_run_canary_warns_on_stderr_when_the_verdict_file_cannot_be_written(tmp_
 RUN_CANARY = """
 import os, signal, sys
 from deploykit.canary import command as module
-from deploykit.profile.schema import SmokeCase
+from deploykit.profile.schema import Profile, SmokeCase
 from deploykit.smoke import CaseResult, summarise
 
 good = summarise(

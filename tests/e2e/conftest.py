@@ -19,6 +19,12 @@ from tests.e2e.real_model import real_model_dir, real_model_server  # noqa: F401
 from tests.vllm_harness import REPO
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that drifts the session's real-model server (`drifts_real_model`: the drift is permanent for
+    that vLLM) runs after every other test, whatever the order of the files."""
+    items.sort(key=lambda item: item.get_closest_marker("drifts_real_model") is not None)
+
+
 @pytest.fixture(scope="session")
 def pod_runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PodRuntime]:
     """Rootful podman with its storage in this session's temp directory; skips, with the reason that

@@ -27,9 +27,9 @@ import pytest
 
 from deploykit.net import free_port
 from deploykit.smollm2 import PROFILE_NAME
-from tests.e2e.serve_helpers import CommandRun
 from tests.e2e.test_serve_e2e import START_TIMEOUT_S, command_env
 from tests.profile_variants import profile_variant
+from tests.serve_helpers import CommandRun
 from tests.vllm_harness import REPO
 
 SERVED_NAME = "smollm2"

@@ -13,13 +13,13 @@ import json
 import re
 
 import yaml
-from deploykit.store import open_store
 
 from deploykit.canary.rotation import case_labels, rotation_for, run_requests
 from deploykit.profile.load import load_profile
+from deploykit.results.sql.store import open_store
 from deploykit.smoke import run_smoke, special_token_ids, vocab_size
 from tests.e2e.real_model import RealModelServer
-from tests.e2e.serve_helpers import CommandRun
+from tests.serve_helpers import CommandRun
 
 KNOWN = [
     "known:capital-of-france",

@@ -21,11 +21,13 @@ from deploykit.smoke.fingerprint_probe import ProbeFailed, ProbeUnstable, take_f
 from tests.http_server import serving
 
 PARTS = {"model": "m", "dtype": "float32", "probe_set": 1}
+NOISE = 2.07e-5
 
 
 class _Probe(BaseHTTPRequestHandler):
     """Greedy answers that depend only on the prompt (a healthy deterministic model); `server.mode` changes
     them: `drift` (finite, consistent, different), `flaky` (the second reading differs from the first),
+    `noisy` (healthy, but every other reading's logprobs are off by NOISE),
     `nan`, `unencodable` (vLLM's HTTP 400 for NaN logprobs), `busy`."""
 
     def do_POST(self) -> None:
@@ -35,7 +37,10 @@ class _Probe(BaseHTTPRequestHandler):
         mode = server.mode
         seed = sum(body["prompt"]) + (7 if mode == "drift" or (mode == "flaky" and server.count > 4) else 0)
         ids = [(seed * (n + 3)) % 500 + 10 for n in range(body["max_tokens"])]
-        top = [{f"token_id:{i}": -0.25, f"token_id:{i + 1}": -0.5} for i in ids]
+        # `noisy`: every other reading (4 requests) is off by NOISE nats, as a batch of another shape is on a
+        # real model (SmolLM2 in float32 on the CPU build: 2.07e-5 between a probe alone and in a batch).
+        shift = NOISE if mode == "noisy" and (server.count - 1) // 4 % 2 else 0.0
+        top = [{f"token_id:{i}": -0.25 + shift, f"token_id:{i + 1}": -0.5 + shift} for i in ids]
         if mode == "nan":
             top[0] = {f"token_id:{ids[0]}": float("nan")}
         status = {"busy": 503, "unencodable": 400}.get(mode, 200)
@@ -125,6 +130,30 @@ def test_the_first_fingerprint_becomes_the_baseline_and_a_drift_is_caught(
     assert drifted is not None and drifted.comparison is not None and drifted.comparison.verdict == "mismatch"
     assert f"baseline #1: row #{row} from host host-a" in caught.diagnosis
     assert "probe 'pattern4' at generated position 0: expected id" in caught.diagnosis
+
+
+def test_a_canary_reading_that_becomes_the_baseline_is_taken_twice_so_its_noise_is_measured(
+    server: Any, tmp_path: Path
+) -> None:
+    """One reading has no noise to measure: a baseline made of one (a canary's first run on a new key) would
+    be judged at the float32 floor (3.8e-6 nats), below a real model's batch-shape noise, and every later
+    reading in another batch shape would be a false alarm."""
+    server.mode = "noisy"
+    store_url = f"sqlite:///{tmp_path / 'results.sqlite'}"
+    check = FingerprintCheck(key_parts=PARTS, dtype="float32", store_url=store_url, hostname="host-a")
+    case, first = fingerprint_case(check, server.url, "m", timeout_s=10, api_key=None, readings=1)
+    assert case.passed and first is not None and first.comparison is not None
+    assert first.comparison.verdict == "new" and server.count == 12  # one reading, then two more
+    assert first.noise == pytest.approx(NOISE) and first.tolerance == pytest.approx(4 * NOISE)
+    store = open_store(store_url)
+    try:
+        store.add(ResultRecord(verdict="pass", stage="done", hostname="host-a", fingerprint=first))
+    finally:
+        store.close()
+    for _ in range(2):  # one reading each, in either shape: both match
+        later, _ = fingerprint_case(check, server.url, "m", timeout_s=10, api_key=None, readings=1)
+        assert later.passed, later.diagnosis
+    assert server.count == 20  # a key with a baseline: one reading per run
 
 
 def test_without_a_store_the_fingerprint_is_taken_but_not_compared(server: Any) -> None:

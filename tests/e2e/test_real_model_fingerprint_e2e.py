@@ -1,0 +1,91 @@
+"""The fingerprint on real logits: SmolLM2-135M-Instruct on the real vLLM CPU build (the session's one
+`deploykit serve` of smollm2-cpu, tests/e2e/real_model.py), with the test-only finite-drift fault
+(tests/e2e/drift_worker.py). Its top-1/top-2 gaps are real (a median above 1 nat on the probe set,
+docs/fingerprints.md), so this proves that the tolerance, first tuned on a tiny model where nothing was
+close, catches a finite drift where the margins are a real model's.
+
+The path is the production one: the baseline is the one serve's start-up smoke stored (two readings, its
+noise measured); the canary, keyed as `deploykit canary --profile` keys it, matches it; after the drift
+starts, the canary's next run fails on the fingerprint alone (its completion case passes: finite, ordinary
+words), naming the probe, the position, the ids and a baseline gap far above the near-tie margin.
+
+The drift is permanent for that vLLM: this test runs after every other test of the session
+(`drifts_real_model`, ordered last by tests/e2e/conftest.py).
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+
+import httpx
+import pytest
+
+from deploykit.canary.runner import Canary, CanaryConfig
+from deploykit.fleet_baseline import check_for_server
+from deploykit.profile.load import load_profile
+from deploykit.profile.schema import SmokeCase
+from deploykit.results.sql.store import open_store
+from deploykit.smoke.fingerprint import tie_margin
+from tests.e2e.drift_worker import FAULT_KEY, MARKER
+from tests.e2e.real_model import RealModelServer
+
+pytestmark = [pytest.mark.e2e, pytest.mark.drifts_real_model]
+
+TIMEOUT_S = 300.0
+
+
+def drift_now(server: RealModelServer) -> None:
+    trigger = {
+        "model": server.served_name,
+        "prompt": "hi",
+        "max_tokens": 2,
+        "vllm_xargs": {FAULT_KEY: MARKER},
+    }
+    with httpx.Client(base_url=server.base_url, timeout=TIMEOUT_S) as client:
+        assert client.post("/v1/completions", json=trigger).status_code == 200
+
+
+def test_finite_drift_on_the_real_model_fails_the_canarys_fingerprint(
+    real_model_server: RealModelServer,
+) -> None:
+    server = real_model_server
+    loaded = load_profile(str(server.profile_path))
+    check = check_for_server(loaded, server.base_url, api_key=None, store_url=server.store_url)
+    assert check is not None and check.dtype == "float32"
+    store = open_store(server.store_url)
+    try:
+        baseline = store.active_baseline(check.key)  # serve's start-up smoke made it
+    finally:
+        store.close()
+    assert baseline is not None and baseline.fingerprint is not None, "serve stored no baseline"
+    assert baseline.fingerprint.near_ties == 0 and baseline.fingerprint.tolerance > 0
+
+    config = CanaryConfig(
+        url=server.base_url,
+        served_name=server.served_name,
+        cases=[SmokeCase(kind="completion", max_tokens=8)],
+        timeout_s=TIMEOUT_S,
+        store=False,
+        metrics_every_s=0,
+        fingerprint=check,
+    )
+    canary = Canary(config)
+    healthy = canary.run_once()
+    assert healthy.outcome == "pass", healthy.report.diagnosis
+    assert f"matches baseline #{baseline.id}: row #{baseline.result_id}" in healthy.report.cases[-1].text
+
+    drift_now(server)
+    caught = canary.run_once()
+    assert caught.outcome == "wrong", caught.report.diagnosis
+    failed = [c.name for c in caught.report.cases if not c.passed]
+    assert failed == ["fingerprint"], caught.report.diagnosis  # today's check passes the drift
+    diagnosis = caught.report.diagnosis
+    assert f"row #{baseline.result_id} from host {socket.gethostname()}" in diagnosis, diagnosis
+    found = re.search(
+        r"expected id \d+, got id \d+; the baseline's top-1/top-2 logprob gap there is (\S+)", diagnosis
+    )
+    assert found is not None, diagnosis
+    # Caught at a clear margin of real logits (0.27 nats measured), not at a near tie of a flat model.
+    assert float(found.group(1)) > 100 * tie_margin(baseline.fingerprint.tolerance), diagnosis
+    assert canary.state.status == "corrupt"
