@@ -114,11 +114,20 @@ def render_chart(profile: Path | str, facts: Path, out: Path) -> Chart:
 LISTEN = {"serve.host": "0.0.0.0"}
 # The demo profiles have no API key: a chart of them listening beyond loopback must say it is meant.
 LISTEN_OPEN = {**LISTEN, "serve.allow_unauthenticated": True}
+# A local model must be on a volume of the release (render refuses it otherwise): the demo profiles' are
+# staged on a node directory and a PVC.
+STAGED_TINY = {
+    "model.source": "/models/tiny-llama",
+    "model.volumes": [{"kind": "host_path", "path": "/srv/models", "mount_path": "/models"}],
+}
+STAGED_GEMMA4 = {
+    "model.volumes": [{"kind": "pvc", "claim": "models", "mount_path": "/var/cache/deploykit/models"}],
+}
 CHARTED: dict[str, tuple[str, dict[str, Any], str]] = {
     "turing": ("gemma4-turing", {**LISTEN, "serve.tensor_parallel_size": 2}, "turing_facts"),
     "hopper": ("qwen-lora-hopper", LISTEN, "hopper_facts"),
-    "cpu": ("demo-cpu", LISTEN_OPEN, "turing_facts"),
-    "cpu-gemma4": ("demo-gemma4-fp16", LISTEN_OPEN, "no-gpu.json"),
+    "cpu": ("demo-cpu", {**LISTEN_OPEN, **STAGED_TINY}, "turing_facts"),
+    "cpu-gemma4": ("demo-gemma4-fp16", {**LISTEN_OPEN, **STAGED_GEMMA4}, "no-gpu.json"),
     "penalties": ("penalties-high-concurrency", LISTEN, "a100.json"),
 }
 
@@ -319,10 +328,13 @@ def test_gpu_resources_and_shared_memory(charts: dict[str, Chart]) -> None:
         return spec
 
     turing, hopper, cpu = pod(charts["turing"]), pod(charts["hopper"]), pod(charts["cpu"])
-    requests = {"cpu": "2", "memory": "8Gi"}  # API server, engine, workers; host memory for loading weights
+    # API server, engine, one worker per GPU (tensor parallel 2 on the Turing chart); host memory for loading
+    # weights, per worker; the GPUs requested as they are limited.
+    requests = {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": 2}
     assert turing["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": 2}, "requests": requests}
     assert {"name": "dshm", "mountPath": "/dev/shm"} in turing["containers"][0]["volumeMounts"]
     assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}} in turing["volumes"]
+    requests = {"cpu": "2", "memory": "8Gi", "nvidia.com/gpu": 1}
     assert hopper["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": 1}, "requests": requests}
     # vLLM's engine needs more than the container's 64 MiB even without tensor parallelism (the CPU build
     # asked for 160 MiB in tests/e2e/test_helm_pod_e2e.py).
