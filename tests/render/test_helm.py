@@ -483,6 +483,11 @@ def wheel_path(chart: Chart) -> str:
     return f"/opt/deploykit/{chart.values['plugin']['wheel']['file']}"
 
 
+def plugin_config_map(chart: Chart) -> str:
+    """The bundled wheel's ConfigMap: named by the wheel's digest (immutable)."""
+    return f"{RELEASE}-plugin-{chart.values['plugin']['wheel']['sha256'][:12]}"
+
+
 def config_maps(chart: Chart, docs: list[dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
     return {d["metadata"]["name"]: d for d in (docs or chart.manifests) if d["kind"] == "ConfigMap"}
 
@@ -502,7 +507,9 @@ def test_the_chart_carries_the_plugin_wheel_pinned_by_its_sha256(charts: dict[st
     for name, fixes in (("turing", "fp32_projection"), ("hopper", "matmul_lora")):
         chart = charts[name]
         wheel = chart.values["plugin"]["wheel"]
-        data = base64.b64decode(config_maps(chart)["demo-plugin"]["binaryData"][wheel["file"]])
+        config_map = config_maps(chart)[plugin_config_map(chart)]
+        assert config_map["immutable"] is True  # never new bytes under a running pod's zipimport
+        data = base64.b64decode(config_map["binaryData"][wheel["file"]])
         assert data == (chart.root / "files" / wheel["file"]).read_bytes()
         assert hashlib.sha256(data).hexdigest() == wheel["sha256"]
         deployment = chart.one("Deployment")
@@ -512,7 +519,7 @@ def test_the_chart_carries_the_plugin_wheel_pinned_by_its_sha256(charts: dict[st
         spec = deployment["spec"]["template"]["spec"]
         assert "initContainers" not in spec  # nothing to install
         volumes = {v["name"]: v for v in spec["volumes"]}
-        assert volumes["deploykit-plugin"]["configMap"]["name"] == "demo-plugin"
+        assert volumes["deploykit-plugin"]["configMap"]["name"] == plugin_config_map(chart)
         for container in spec["containers"]:  # vLLM and the canary both run deploykit from the wheel
             env = {e["name"]: e.get("value") for e in container["env"]}
             assert env["PYTHONPATH"] == wheel_path(chart), container["name"]
@@ -604,7 +611,7 @@ def test_a_private_index_takes_its_url_from_a_secret(charts: dict[str, Chart]) -
         assert env["PIP_INDEX_URL"]["valueFrom"]["secretKeyRef"] == {"name": "pip-index", "key": "index-url"}
         assert {"name": "deploykit-plugin", "emptyDir": {}} in spec["volumes"]
         assert {"name": "PYTHONPATH", "value": "/opt/deploykit"} in spec["containers"][0]["env"]
-    assert "demo-plugin" not in config_maps(chart, docs)
+    assert plugin_config_map(chart) not in config_maps(chart, docs)
 
 
 def test_a_wheel_url_is_installed_with_require_hashes(charts: dict[str, Chart]) -> None:

@@ -87,11 +87,16 @@ the plugin runs without the fixes (and the exec probes fail). */}}
 {{- end }}
 {{- end -}}
 
+{{/* The bundled wheel's ConfigMap: named by the wheel's digest, so one name always holds the same bytes. */}}
+{{- define "deploykit.pluginConfigMap" -}}
+{{ .Release.Name }}-plugin-{{ .Values.plugin.wheel.sha256 | trunc 12 }}
+{{- end -}}
+
 {{- define "deploykit.pluginVolume" -}}
 {{- if eq .Values.plugin.source "bundled" -}}
 - name: deploykit-plugin
   configMap:
-    name: {{ .Release.Name }}-plugin
+    name: {{ include "deploykit.pluginConfigMap" . }}
     items:
       - key: {{ .Values.plugin.wheel.file }}
         path: {{ .Values.plugin.wheel.file }}
