@@ -84,6 +84,10 @@ class _NotInTheVllmImage:
 
 
 sys.meta_path.insert(0, _NotInTheVllmImage())
+# An editable install of deploykit here would serve a module the wheel lacks: the image has none.
+sys.meta_path[:] = [f for f in sys.meta_path if "__editable__" not in getattr(f, "__module__", "")]
+sys.path_hooks[:] = [h for h in sys.path_hooks if "__editable__" not in getattr(h, "__module__", "")]
+sys.path[:] = [p for p in sys.path if not p.startswith("__editable__")]
 # Anything a .pth file imported before this ran is forgotten, so that importing it again fails too.
 for _name in [name for name in sys.modules if name.partition(".")[0] in BLOCKED]:
     del sys.modules[_name]

@@ -35,19 +35,22 @@ WHEEL_TAG = "py3-none-any"
 # Two limits (docs/deploy.md, sizes and headroom; tests/render/test_chart_sizes.py measures both): a
 # ConfigMap's data is capped at 1 MiB, and Helm keeps each release as one Secret (1 MiB) holding
 # base64(gzip(JSON)) of the chart's files and the rendered manifests, the wheel in it twice (a chart file, and
-# the ConfigMap's binaryData), both base64. Measured: the release record is about 1.17 times the stored wheel.
+# the ConfigMap's binaryData), both base64. Measured: the release record is about 1.2 times the stored wheel.
 # Past this size the release would not fit, so render refuses.
 MAX_WHEEL_BYTES = 840 * 1024
 # 1980-01-01, the earliest time a zip member can carry: no build clock in the bytes.
 _ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 _PACKAGE_SUFFIXES = (".py", ".typed")
-# What the pod runs: the plugin, the canary, the smoke (it plans, to know the fixes to expect) and the exec
-# probes. Nothing in the pod renders, traces or launches vLLM itself (`deploykit serve`), and it reads its
-# profile from a file, so the templates, the shipped profiles, render's modules but the probe, trace/ and
-# serve/ stay out of a wheel that must fit a Helm release (MAX_WHEEL_BYTES).
+# What the pod runs: the plugin, the canary, the smoke (`deploykit smoke --url`: serve/remote_smoke.py; it
+# plans, to know the fixes to expect) and the exec probes. Nothing in the pod renders, traces or launches
+# vLLM itself (`deploykit serve`: serve/attempt.py, serving mode's serve/watch.py), and it reads its profile
+# from a file, so the templates, the shipped profiles, render's modules but the probe, trace/ and those two
+# stay out of a wheel that must fit a Helm release (MAX_WHEEL_BYTES). tests/test_sidecar_imports.py runs the
+# canary and smoke from this wheel with nothing else to import from.
 POD_DATA: tuple[str, ...] = ()
 _POD_RENDER_MODULES = {"__init__.py", "pod_probe.py"}
-_LEFT_OUT_PACKAGES = {"trace", "serve"}
+_LEFT_OUT_PACKAGES = {"trace"}
+_LEFT_OUT_MODULES = {("serve", "attempt.py"), ("serve", "watch.py")}
 # The METADATA headers a pod reads (importlib.metadata: the name, the version, the requirements); the rest
 # (Summary, License, the README) depend on the build tool's version and would change the bytes.
 _METADATA_HEADERS = ("Name", "Version", "Requires-Python", "Provides-Extra", "Requires-Dist")
@@ -60,7 +63,7 @@ _POD_TABLE_DROPS = ("option_table",)
 
 def _runs_in_the_pod(relative: Path) -> bool:
     parts = relative.parts
-    if parts[0] in _LEFT_OUT_PACKAGES:
+    if parts[0] in _LEFT_OUT_PACKAGES or parts in _LEFT_OUT_MODULES:
         return False
     return not (parts[0] == "render" and parts[-1] not in _POD_RENDER_MODULES)
 

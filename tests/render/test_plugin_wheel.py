@@ -36,8 +36,10 @@ def test_the_wheel_holds_the_package_its_data_and_its_entry_point() -> None:
             "deploykit/render/helm.py",
             "deploykit/render/systemd.py",
             "deploykit/trace/run.py",
-            "deploykit/serve/launch.py",
+            "deploykit/serve/attempt.py",
+            "deploykit/serve/watch.py",
         }
+        assert "deploykit/serve/remote_smoke.py" in names  # `deploykit smoke --url`, the `helm test` pod's
         assert not names & left_out
         # Every release table rides along (the pod's smoke plans), without the argv parser it never uses.
         tables = sorted(n for n in names if n.startswith("deploykit/vllm_tables/vllm-"))
@@ -155,7 +157,7 @@ def test_the_digest_follows_the_code_the_pod_runs_and_nothing_else(tmp_path: Pat
     original = build_plugin_wheel()
     assert build_plugin_wheel(copy).sha256 == original.sha256
     # What the pod never runs: a launcher module, a renderer.
-    (copy / "serve" / "launch.py").write_text("# changed\n")
+    (copy / "serve" / "attempt.py").write_text("# changed\n")
     (copy / "render" / "systemd.py").write_text("# changed\n")
     assert build_plugin_wheel(copy).sha256 == original.sha256
     # What it runs: the canary.
