@@ -4,7 +4,8 @@ The Helm chart runs both inside vllm/vllm-openai (the `helm test` pod and the ca
 deploykit as a zip on PYTHONPATH and none of its dependencies installed: only what vLLM brought
 (tests/fixtures/vllm-image/vllm-0.33.0-distributions.txt). Each command runs here as the chart runs it, in a
 subprocess whose `sitecustomize` blocks every top-level package that no distribution of that list provides
-(SQLAlchemy, platformdirs, pynvml, psycopg, pytest, ...), with this checkout's package zipped on PYTHONPATH,
+(SQLAlchemy, platformdirs, pynvml, psycopg, pytest, ...), with the chart's own wheel (trimmed to what the
+pod runs: deploykit/render/plugin_wheel.py) on PYTHONPATH,
 HOME and XDG_DATA_HOME in a scratch directory and no DEPLOYKIT_* variable set, against a small stand-in for
 vLLM's HTTP API.
 """
@@ -83,6 +84,10 @@ class _NotInTheVllmImage:
 
 
 sys.meta_path.insert(0, _NotInTheVllmImage())
+# An editable install of deploykit here would serve a module the wheel lacks: the image has none.
+sys.meta_path[:] = [f for f in sys.meta_path if "__editable__" not in getattr(f, "__module__", "")]
+sys.path_hooks[:] = [h for h in sys.path_hooks if "__editable__" not in getattr(h, "__module__", "")]
+sys.path[:] = [p for p in sys.path if not p.startswith("__editable__")]
 # Anything a .pth file imported before this ran is forgotten, so that importing it again fails too.
 for _name in [name for name in sys.modules if name.partition(".")[0] in BLOCKED]:
     del sys.modules[_name]
@@ -116,11 +121,13 @@ def blocked_packages() -> set[str]:
 
 
 def zip_package(target: Path) -> Path:
-    """deploykit's modules in one zip, imported from there like the chart's zipped wheel."""
-    with zipfile.ZipFile(target, "w") as archive:
-        for path in sorted((REPO / "deploykit").rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts:
-                archive.write(path, path.relative_to(REPO).as_posix())
+    """The chart's own wheel (render/plugin_wheel.py), trimmed to what the pod runs: a module the commands
+    import that the trim left out fails here."""
+    from deploykit.render.plugin_wheel import build_plugin_wheel
+
+    target.write_bytes(build_plugin_wheel().data)
+    with zipfile.ZipFile(target) as archive:
+        assert "deploykit/canary/runner.py" in archive.namelist()
     return target
 
 
@@ -130,7 +137,7 @@ def image_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     XDG_DATA_HOME in a scratch directory, no DEPLOYKIT_* variable, no proxy."""
     site = tmp_path_factory.mktemp("image-site")
     (site / "sitecustomize.py").write_text(BLOCKER.format(blocked=sorted(blocked_packages())))
-    package = zip_package(site / "deploykit.zip")
+    package = zip_package(site / "vllm_deploykit-0-py3-none-any.whl")
     scratch = tmp_path_factory.mktemp("scratch")
     env = {
         key: value
@@ -278,7 +285,8 @@ def test_the_blocker_blocks_what_the_image_lacks_and_only_that(
     probe = "import deploykit, httpx, pydantic, typer, yaml, prometheus_client; print(deploykit.__file__)"
     result = run_in_image(["-c", probe], image_env, tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip().endswith(os.path.join("deploykit.zip", "deploykit", "__init__.py"))
+    wheel = "vllm_deploykit-0-py3-none-any.whl"
+    assert result.stdout.strip().endswith(os.path.join(wheel, "deploykit", "__init__.py"))
 
 
 # --- the chart's commands --------------------------------------------------------------------------------

@@ -93,8 +93,78 @@ class SecretRef(_Strict):
     secret: Annotated[str, Field(pattern=_ENV_NAME.pattern)]
 
 
+_K8S_NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+_ABSOLUTE_PATH = r"^/[^:\s]*$"
+_HUB_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$"
+_VOLUME_FIELDS: dict[str, tuple[str, ...]] = {
+    "pvc": ("claim",),
+    "host_path": ("path",),
+    "image": ("image",),
+    "download": ("repo",),
+}
+_OPTIONAL_FIELDS: dict[str, tuple[str, ...]] = {
+    "pvc": ("sub_path",),
+    "host_path": (),
+    "image": ("sub_path",),
+    "download": ("claim", "revision", "sub_path"),
+}
+
+
+class ModelVolume(_Strict):
+    """Where a pod (`render helm`) finds a local model or adapter path: a volume mounted at `mount_path`.
+    A systemd unit reads the same paths on its host and ignores these entries."""
+
+    kind: Literal["pvc", "host_path", "image", "download"] = Field(
+        description="pvc: an existing PersistentVolumeClaim; host_path: a directory on the node; image: an "
+        "OCI image holding the files (Kubernetes image volumes); download: fetched from the hub by an init "
+        "container (needs egress), into `claim` or a scratch volume"
+    )
+    mount_path: Annotated[str, Field(pattern=_ABSOLUTE_PATH)] = Field(
+        description="where the pod sees the files: the model's and adapters' paths lie under it"
+    )
+    claim: Annotated[str, Field(pattern=_K8S_NAME, max_length=253)] | None = None
+    path: Annotated[str, Field(pattern=_ABSOLUTE_PATH)] | None = None
+    image: Annotated[str, Field(pattern=r"^[^\s]+$")] | None = None
+    sub_path: Annotated[str, Field(pattern=r"^[^/\s:][^\s:]*$")] | None = None
+    repo: Annotated[str, Field(pattern=_HUB_ID)] | None = None
+    revision: Annotated[str, Field(pattern=r"^[A-Za-z0-9._/-]+$")] | None = None
+
+    @field_validator("mount_path", "path")
+    @classmethod
+    def _plain_path(cls, value: str | None) -> str | None:
+        if value is not None and (value == "/" or any(part in (".", "..") for part in value.split("/"))):
+            raise ValueError("must be an absolute directory other than / with no . or .. in it")
+        return value.rstrip("/") if value else value
+
+    @model_validator(mode="after")
+    def _fields_of_its_kind(self) -> ModelVolume:
+        needed, optional = _VOLUME_FIELDS[self.kind], _OPTIONAL_FIELDS[self.kind]
+        missing = [name for name in needed if getattr(self, name) is None]
+        if missing:
+            raise ValueError(f"a {self.kind} volume needs {', '.join(missing)}")
+        stray = [
+            name
+            for name in ("claim", "path", "image", "sub_path", "repo", "revision")
+            if getattr(self, name) is not None and name not in needed + optional
+        ]
+        if stray:
+            raise ValueError(f"a {self.kind} volume takes no {', '.join(stray)}")
+        return self
+
+
+def covering_volume(path: str, volumes: list[ModelVolume]) -> ModelVolume | None:
+    """The volume whose mount holds `path` (the deepest one), or None."""
+    holding = [v for v in volumes if path == v.mount_path or path.startswith(v.mount_path + "/")]
+    return max(holding, key=lambda v: len(v.mount_path), default=None)
+
+
 class ModelSpec(_Strict):
     source: str = Field(description="local directory, hub id, or builtin:NAME (deploykit.builtin_models)")
+    volumes: list[ModelVolume] = Field(
+        default_factory=list,
+        description="where a pod finds a local model.source and local LoRA adapters (render helm): "
+        "`render helm` refuses a local path that none of them holds",
+    )
     served_name: str | None = None
     checkpoint_dtype: Literal["bfloat16", "float16", "float32"] | None = Field(
         default=None, description="read from config.json when the model is local; state it otherwise"
@@ -112,6 +182,15 @@ class ModelSpec(_Strict):
         if not value.strip():
             raise ValueError("must not be empty")
         return value
+
+    @field_validator("volumes")
+    @classmethod
+    def _distinct_mounts(cls, volumes: list[ModelVolume]) -> list[ModelVolume]:
+        seen = [v.mount_path for v in volumes]
+        twice = sorted({m for m in seen if seen.count(m) > 1})
+        if twice:
+            raise ValueError(f"two volumes are mounted at {', '.join(twice)}")
+        return volumes
 
 
 class LoraSpec(_Strict):
@@ -396,6 +475,7 @@ _FIXES_IN_FIRST_IDS = ("fp32_projection", "matmul_lora", "device_penalties")
 # Fields added since profile ids were first stored (see Profile.profile_id), with their defaults in JSON form.
 _LATER_FIELD_DEFAULTS: dict[tuple[str, ...], object] = {
     ("advisories",): {},
+    ("model", "volumes"): [],
     ("serve", "count_nan_logits"): True,
     ("smoke", "fingerprint"): FingerprintSpec().model_dump(mode="json"),
     ("smoke", "known_answers"): [],

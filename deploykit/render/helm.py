@@ -25,6 +25,7 @@ from deploykit.render.common import (
     plain_env,
     template_root,
 )
+from deploykit.render.model_source import model_values
 from deploykit.render.plugin_wheel import PluginWheel, build_plugin_wheel
 
 if TYPE_CHECKING:
@@ -53,10 +54,14 @@ VERDICT_MAX_AGE_S = 600
 # Kubernetes' default progress deadline (600 s) is shorter than a big model's load: the rollout may take
 # the whole start-up window plus an image pull and scheduling before it counts as failed.
 PROGRESS_MARGIN_S = 600
-# What the vLLM container asks of its node besides GPUs: the API server, the engine core and the workers,
-# and host memory for loading weights. A CPU-only plan runs the tiny demo model.
-VLLM_REQUESTS_GPU = {"cpu": "2", "memory": "8Gi"}
+# What the vLLM container asks of its node besides GPUs, per GPU (tensor parallel runs one worker process
+# per GPU, each loading its shard): the API server, the engine core and the workers, and host memory for
+# loading weights. A CPU-only plan runs the tiny demo model.
+VLLM_CPU_PER_GPU = 2
+VLLM_MEMORY_GIB_PER_GPU = 8
 VLLM_REQUESTS_CPU = {"cpu": "1", "memory": "2Gi"}
+# The `helm test` pod: one HTTP client, in the (large) vLLM image.
+SMOKE_RESOURCES = {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
 # vLLM's processes (API server, engine core, workers) exchange requests and tensors through /dev/shm; a
 # container's default 64 MiB is too small even for one process group (vLLM's CPU build asked for 160 MiB in
 # the podman test), and tensor parallel workers need far more. Memory-backed: it counts as the pod's memory.
@@ -169,6 +174,27 @@ def gpu_node_terms(plan: Plan, loaded: LoadedProfile) -> tuple[list[dict[str, An
     return terms, warnings
 
 
+def vllm_resources(gpus: int) -> dict[str, Any]:
+    """Requests that follow the GPU count (max of requires.gpu_count and tensor parallelism): CPU and host
+    memory per GPU worker, and the GPUs both requested and limited (Kubernetes wants them equal)."""
+    if not gpus:
+        return {"requests": dict(VLLM_REQUESTS_CPU)}
+    requests = {
+        "cpu": str(VLLM_CPU_PER_GPU * gpus),
+        "memory": f"{VLLM_MEMORY_GIB_PER_GPU * gpus}Gi",
+        GPU_RESOURCE: gpus,
+    }
+    return {"requests": requests, "limits": {GPU_RESOURCE: gpus}}
+
+
+def update_strategy(replicas: int) -> dict[str, Any]:
+    """One replica: Recreate (the old pod's GPUs are not free for the new one). More: a rolling update one
+    pod at a time with no surge, so the others keep serving and no spare GPU is needed."""
+    if replicas <= 1:
+        return {"type": "Recreate"}
+    return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+
+
 def probes(startup_timeout_s: int) -> dict[str, Any]:
     """/health probes: the startup probe covers model loading; the others only run after it succeeds."""
 
@@ -279,22 +305,27 @@ def chart_values(plan: Plan, loaded: LoadedProfile, wheel: PluginWheel) -> tuple
     terms, affinity_warnings = gpu_node_terms(plan, loaded) if count else ([], [])
     env = {"HF_HOME": f"{cache_path}/huggingface", "VLLM_CACHE_ROOT": f"{cache_path}/vllm"}
     env.update({key: kubernetes_literal(value) for key, value in plain_env(plan).items()})
-    resources: dict[str, Any] = {"requests": dict(VLLM_REQUESTS_GPU if count else VLLM_REQUESTS_CPU)}
-    if count:
-        resources["limits"] = {GPU_RESOURCE: count}
+    resources = vllm_resources(count)
+    model, model_warnings = model_values(plan, loaded)
     values: dict[str, Any] = {
         "image": {"repository": repository, "tag": tag, "pullPolicy": "IfNotPresent"},
         "imagePullSecrets": [],
         "replicaCount": profile.deploy.replicas,
-        "strategy": {"type": "Recreate"},
+        "strategy": update_strategy(profile.deploy.replicas),
         "progressDeadlineSeconds": profile.deploy.startup_timeout_s + PROGRESS_MARGIN_S,
         "command": [kubernetes_literal(word) for word in plan.argv],
         "env": env,
+        "extraEnv": [],
         "secretEnv": {key: key for key in plan.secret_env},
         "secretName": f"{name}-secrets",
         "port": profile.serve.port,
         "service": {"type": "ClusterIP", "port": profile.serve.port},
         "resources": resources,
+        "model": model,
+        "extraVolumes": [],
+        "extraVolumeMounts": [],
+        "initContainers": [],
+        "enableServiceLinks": False,
         "shm": {
             "enabled": True,
             "sizeLimit": SHM_TP if profile.serve.tensor_parallel_size > 1 else SHM_SINGLE,
@@ -333,6 +364,10 @@ def chart_values(plan: Plan, loaded: LoadedProfile, wheel: PluginWheel) -> tuple
             "secretEnv": smoke_secret_env(plan, loaded),
             "expectFixes": ",".join(plan.enabled_fixes) or "none",
             "securityContext": container_security_context(read_only_root=True),
+            "resources": SMOKE_RESOURCES,
+            "nodeSelector": {},
+            "tolerations": [],
+            "affinity": {},
         },
         "podDisruptionBudget": {"enabled": False, "maxUnavailable": 1, "minAvailable": ""},
         "metrics": {
@@ -348,7 +383,7 @@ def chart_values(plan: Plan, loaded: LoadedProfile, wheel: PluginWheel) -> tuple
             "advisories": ",".join(f"{a.id}={a.outcome}" for a in plan.advisories),
         },
     }
-    return values, [*warnings, *affinity_warnings]
+    return values, [*warnings, *affinity_warnings, *model_warnings]
 
 
 def chart_files(root: Path) -> list[RenderedFile]:

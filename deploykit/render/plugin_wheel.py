@@ -6,9 +6,11 @@ the chart ships it in a ConfigMap. Python imports straight from a wheel on PYTHO
 `importlib.metadata` reads the entry points in its `.dist-info`, so vLLM finds the plugin with no install
 step.
 
-The wheel is reproducible: the same code gives the same bytes (sorted members, fixed timestamps and
-modes), so its sha256 changes exactly when the code does, and a pod annotation carrying it rolls the pods.
-Nothing here imports torch or vLLM.
+The wheel is reproducible on every machine: the same code gives the same bytes (sorted members, fixed
+timestamps, modes and creator system, members stored uncompressed, so no zlib build decides a byte, and a
+METADATA of the headers the pod reads only). Its sha256 is therefore a digest of the uncompressed modules the
+pod runs: it names the chart's immutable ConfigMap and rolls the pods exactly when that code changes; a
+profile's comment or the README (not in the wheel) never does. Nothing here imports torch or vLLM.
 """
 
 from __future__ import annotations
@@ -26,24 +28,33 @@ from pydantic import BaseModel
 
 from deploykit import DISTRIBUTION, __version__
 from deploykit.errors import RenderError
-from deploykit.paths import PACKAGE_DIR, SHIPPED_DATA, shipped_data_dir
+from deploykit.paths import PACKAGE_DIR, shipped_data_dir
 from deploykit.plugin_contract import ENTRY_POINT
 
 WHEEL_TAG = "py3-none-any"
-# Kubernetes objects are capped at 1 MiB, and Helm keeps each release as one Secret holding the chart's
-# files and the rendered manifests, gzipped and base64-encoded: the wheel is in it twice (a chart file, and
-# the ConfigMap's base64 binaryData). Measured on a rendered chart: a 199 KiB wheel made a 547 KiB release
-# record, about 2.7 times the wheel. Past this size the release would not fit, so render refuses.
-MAX_WHEEL_BYTES = 320 * 1024
+# Two limits (docs/deploy.md, sizes and headroom; tests/render/test_chart_sizes.py measures both): a
+# ConfigMap's data is capped at 1 MiB, and Helm keeps each release as one Secret (1 MiB) holding
+# base64(gzip(JSON)) of the chart's files and the rendered manifests, the wheel in it twice (a chart file, and
+# the ConfigMap's binaryData), both base64. Measured: the release record is about 1.2 times the stored wheel.
+# Past this size the release would not fit, so render refuses.
+MAX_WHEEL_BYTES = 840 * 1024
 # 1980-01-01, the earliest time a zip member can carry: no build clock in the bytes.
 _ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 _PACKAGE_SUFFIXES = (".py", ".typed")
-# What the pod runs: the plugin, the canary, the smoke (it plans, to know the fixes to expect) and the exec
-# probes. Nothing in the pod renders or traces, so the templates, render's modules but the probe, and
-# trace/ stay out of a wheel that must fit a Helm release (MAX_WHEEL_BYTES).
-POD_DATA = tuple(name for name in SHIPPED_DATA if name != "templates")
+# What the pod runs: the plugin, the canary, the smoke (`deploykit smoke --url`: serve/remote_smoke.py; it
+# plans, to know the fixes to expect) and the exec probes. Nothing in the pod renders, traces or launches
+# vLLM itself (`deploykit serve`: serve/attempt.py, serving mode's serve/watch.py), and it reads its profile
+# from a file, so the templates, the shipped profiles, render's modules but the probe, trace/ and those two
+# stay out of a wheel that must fit a Helm release (MAX_WHEEL_BYTES). tests/test_sidecar_imports.py runs the
+# canary and smoke from this wheel with nothing else to import from.
+POD_DATA: tuple[str, ...] = ()
 _POD_RENDER_MODULES = {"__init__.py", "pod_probe.py"}
 _LEFT_OUT_PACKAGES = {"trace"}
+_LEFT_OUT_MODULES = {("serve", "attempt.py"), ("serve", "watch.py")}
+# The METADATA headers a pod reads (importlib.metadata: the name, the version, the requirements); the rest
+# (Summary, License, the README) depend on the build tool's version and would change the bytes.
+_METADATA_HEADERS = ("Name", "Version", "Requires-Python", "Provides-Extra", "Requires-Dist")
+_UNIX = 3  # the zip creator system: fixed, so a wheel built on Windows has the same bytes
 # The release tables (deploykit.vllm_tables) go in without their option tables: the pod's plan needs each
 # release's env vars and source facts, never its `vllm serve` parser (argv is checked where render runs).
 _TABLES_DIR = "vllm_tables"
@@ -52,7 +63,7 @@ _POD_TABLE_DROPS = ("option_table",)
 
 def _runs_in_the_pod(relative: Path) -> bool:
     parts = relative.parts
-    if parts[0] in _LEFT_OUT_PACKAGES:
+    if parts[0] in _LEFT_OUT_PACKAGES or parts in _LEFT_OUT_MODULES:
         return False
     return not (parts[0] == "render" and parts[-1] not in _POD_RENDER_MODULES)
 
@@ -125,8 +136,10 @@ def _dist_info_files(version: str) -> list[tuple[str, bytes]]:
     # when Python runs there) has the same headers as PKG-INFO. Without a Name, importlib.metadata breaks.
     core = installed.read_text("METADATA") or installed.read_text("PKG-INFO") or ""
     # The headers alone: the long description (the README) after the first blank line is for an index page,
-    # and the pod reads only Name, Version and Requires-Dist.
-    core = core.split("\n\n", 1)[0].rstrip("\n") + "\n"
+    # and the pod reads only Name, Version and the requirements.
+    headers = core.split("\n\n", 1)[0].splitlines()
+    kept = [line for line in headers if line.split(":", 1)[0] in _METADATA_HEADERS]
+    core = "\n".join(["Metadata-Version: 2.1", *kept]) + "\n"
     if f"\nName: {DISTRIBUTION}\n" not in f"\n{core}":
         raise RenderError(f"{DISTRIBUTION}'s installed metadata names no distribution; reinstall it")
     info = f"{DISTRIBUTION.replace('-', '_')}-{version}.dist-info"
@@ -154,8 +167,9 @@ def build_plugin_wheel(package_dir: Path = PACKAGE_DIR, version: str = __version
         for name, data in members:
             member = zipfile.ZipInfo(name, date_time=_ZIP_EPOCH)
             member.external_attr = 0o644 << 16
-            member.compress_type = zipfile.ZIP_DEFLATED
-            archive.writestr(member, data, compresslevel=9)
+            member.create_system = _UNIX
+            member.compress_type = zipfile.ZIP_STORED
+            archive.writestr(member, data)
     data = buffer.getvalue()
     if len(data) > MAX_WHEEL_BYTES:
         raise RenderError(

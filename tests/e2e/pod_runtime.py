@@ -14,6 +14,8 @@ A test changes a rendered spec in these ways only (all visible in the YAML it pl
   3. `set_restart_policy`, only where the pod has init containers and `restartPolicy: Always` (every
      Deployment): podman 4.3 gives init containers the pod's restart policy, so under Always the init
      container restarts forever and `kube play` fails ("failed to remove once init container").
+  4. `add_service_links`: what a kubelet adds and podman does not: the Docker-link variables of the
+     namespace's Services (`<NAME>_PORT=tcp://...`), unless the pod says `enableServiceLinks: false`.
 
 What podman 4.3 does with the rest of a pod, as measured (see also /work/shared/notes/runtimes.md):
   - containers are named `<pod name>-<container name>`; a Deployment's pod is `<deployment name>-pod-0`;
@@ -533,6 +535,35 @@ def set_restart_policy(spec: dict[str, Any], policy: str = "OnFailure") -> dict[
     pod has init containers; a test that does so says it."""
     if spec.get("initContainers") and spec.get("restartPolicy", "Always") == "Always":
         spec["restartPolicy"] = policy
+    return spec
+
+
+def add_service_links(spec: dict[str, Any], services: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Kubelet's service links, which podman never injects: unless `enableServiceLinks` is false, every
+    container gets, for each Service of the namespace, `<NAME>_SERVICE_HOST`, `<NAME>_SERVICE_PORT`,
+    `<NAME>_PORT=tcp://IP:PORT` and the `<NAME>_PORT_<P>_TCP*` family (NAME upper-cased, `-` as `_`); a
+    variable the container sets itself wins. The Service's cluster IP is made up (10.96.0.10): nothing here
+    routes to it. Changes `spec` in place and returns it."""
+    if spec.get("enableServiceLinks", True) is False:
+        return spec
+    links: dict[str, str] = {}
+    for service in services:
+        name = service["metadata"]["name"].upper().replace("-", "_")
+        ports = service["spec"]["ports"]
+        ip = "10.96.0.10"
+        links[f"{name}_SERVICE_HOST"] = ip
+        links[f"{name}_SERVICE_PORT"] = str(ports[0]["port"])
+        links[f"{name}_PORT"] = f"tcp://{ip}:{ports[0]['port']}"
+        for port in ports:
+            prefix = f"{name}_PORT_{port['port']}_TCP"
+            links[prefix] = f"tcp://{ip}:{port['port']}"
+            links[f"{prefix}_PROTO"] = "tcp"
+            links[f"{prefix}_PORT"] = str(port["port"])
+            links[f"{prefix}_ADDR"] = ip
+    for container in _containers(spec):
+        own = {e["name"] for e in container.get("env") or []}
+        extra = [{"name": k, "value": v} for k, v in links.items() if k not in own]
+        container["env"] = [*extra, *(container.get("env") or [])]
     return spec
 
 

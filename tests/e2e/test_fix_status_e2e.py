@@ -223,10 +223,13 @@ def test_stock_vllm_with_deploykit_fixes_set_by_hand_fails_smoke(
 def rendered_chart(tmp_path: Path, tiny_model_dir: Path) -> Path:
     from tests.e2e.test_serve_e2e import demo_variant
 
-    # The chart serves beyond loopback; the test cluster needs no key (the profile says so).
+    # The chart serves beyond loopback; the test cluster needs no key (the profile says so). The (local)
+    # model is on the node where it was built: a host_path volume of the release.
+    models = str(tiny_model_dir.parent)
     profile = demo_variant(
-        tmp_path, "demo-penalties", serve__host="0.0.0.0", serve__allow_unauthenticated=True
-    )
+        tmp_path, "demo-penalties", serve__host="0.0.0.0", serve__allow_unauthenticated=True,
+        model__volumes=[{"kind": "host_path", "path": models, "mount_path": models}],
+    )  # fmt: skip
     out = tmp_path / "chart"
     result = deploykit_cli(
         "render", "helm", "-p", str(profile), "--fix", f"{FIX}=on",

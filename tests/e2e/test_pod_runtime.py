@@ -29,6 +29,7 @@ from tests.e2e.pod_runtime import (
     PodRuntime,
     _section,
     add_host_mounts,
+    add_service_links,
     check_kube_yaml,
     dump_kube_yaml,
     host_python_prefix,
@@ -241,6 +242,16 @@ def test_spec_helpers_change_only_images_mounts_and_restart_policy() -> None:
 
     no_init = {"containers": [{"name": "a"}], "restartPolicy": "Always"}
     assert set_restart_policy(no_init)["restartPolicy"] == "Always"
+
+
+def test_service_links_are_added_as_a_kubelet_adds_them_unless_the_pod_turns_them_off() -> None:
+    service = {"metadata": {"name": "vllm"}, "spec": {"ports": [{"port": 8000}, {"port": 9400}]}}
+    spec = {"containers": [{"name": "a", "env": [{"name": "VLLM_SERVICE_HOST", "value": "mine"}]}]}
+    env = {e["name"]: e["value"] for e in add_service_links(spec, [service])["containers"][0]["env"]}
+    assert env["VLLM_PORT"] == "tcp://10.96.0.10:8000"  # what vLLM refuses
+    assert env["VLLM_PORT_9400_TCP_PORT"] == "9400" and env["VLLM_SERVICE_HOST"] == "mine"  # its own wins
+    off = {"enableServiceLinks": False, "containers": [{"name": "a"}]}
+    assert "env" not in add_service_links(off, [service])["containers"][0]
 
 
 def test_kube_yaml_is_written_in_a_form_podman_reads() -> None:

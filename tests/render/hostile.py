@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from deploykit.tinymodel import tiny_model_dir
 from tests.profile_variants import profile_variant
 
 # The directive a newline would plant, as the issue found it: `+` runs it as root outside all hardening.
@@ -43,8 +44,14 @@ def field_values(payload: str) -> dict[str, Any]:
 
 
 FIELDS = list(field_values("x"))
-# A chart is only rendered for a server beyond loopback; the demo model has no API key.
-BASE_CHANGES: dict[str, Any] = {"serve.host": "0.0.0.0", "serve.allow_unauthenticated": True}
+# A chart is only rendered for a server beyond loopback; the demo model has no API key; its (builtin, local)
+# model must be on a volume of the release: the node directory it is built in (systemd ignores the entry).
+_TINY_MODELS = str(tiny_model_dir().parent)
+BASE_CHANGES: dict[str, Any] = {
+    "serve.host": "0.0.0.0",
+    "serve.allow_unauthenticated": True,
+    "model.volumes": [{"kind": "host_path", "path": _TINY_MODELS, "mount_path": _TINY_MODELS}],
+}
 
 
 def hostile_profile(directory: Path, field: str, payload: str, name: str = "hostile") -> Path:

@@ -114,12 +114,25 @@ def render_chart(profile: Path | str, facts: Path, out: Path) -> Chart:
 LISTEN = {"serve.host": "0.0.0.0"}
 # The demo profiles have no API key: a chart of them listening beyond loopback must say it is meant.
 LISTEN_OPEN = {**LISTEN, "serve.allow_unauthenticated": True}
+# A local model must be on a volume of the release (render refuses it otherwise): the demo profiles' are
+# staged on a node directory and a PVC.
+STAGED_TINY = {
+    "model.source": "/models/tiny-llama",
+    "model.volumes": [{"kind": "host_path", "path": "/srv/models", "mount_path": "/models"}],
+}
+STAGED_GEMMA4 = {
+    "model.volumes": [{"kind": "pvc", "claim": "models", "mount_path": "/var/cache/deploykit/models"}],
+}
+STAGED_SMOLLM2 = {
+    "model.source": "/models/smollm2-135m-instruct",
+    "model.volumes": [{"kind": "pvc", "claim": "models", "mount_path": "/models"}],
+}
 CHARTED: dict[str, tuple[str, dict[str, Any], str]] = {
     "turing": ("gemma4-turing", {**LISTEN, "serve.tensor_parallel_size": 2}, "turing_facts"),
     "hopper": ("qwen-lora-hopper", LISTEN, "hopper_facts"),
-    "cpu": ("demo-cpu", LISTEN_OPEN, "turing_facts"),
-    "cpu-gemma4": ("demo-gemma4-fp16", LISTEN_OPEN, "no-gpu.json"),
-    "cpu-smollm2": ("smollm2-cpu", LISTEN_OPEN, "turing_facts"),
+    "cpu": ("demo-cpu", {**LISTEN_OPEN, **STAGED_TINY}, "turing_facts"),
+    "cpu-gemma4": ("demo-gemma4-fp16", {**LISTEN_OPEN, **STAGED_GEMMA4}, "no-gpu.json"),
+    "cpu-smollm2": ("smollm2-cpu", {**LISTEN_OPEN, **STAGED_SMOLLM2}, "turing_facts"),
     "penalties": ("penalties-high-concurrency", LISTEN, "a100.json"),
 }
 
@@ -320,10 +333,13 @@ def test_gpu_resources_and_shared_memory(charts: dict[str, Chart]) -> None:
         return spec
 
     turing, hopper, cpu = pod(charts["turing"]), pod(charts["hopper"]), pod(charts["cpu"])
-    requests = {"cpu": "2", "memory": "8Gi"}  # API server, engine, workers; host memory for loading weights
+    # API server, engine, one worker per GPU (tensor parallel 2 on the Turing chart); host memory for loading
+    # weights, per worker; the GPUs requested as they are limited.
+    requests = {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": 2}
     assert turing["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": 2}, "requests": requests}
     assert {"name": "dshm", "mountPath": "/dev/shm"} in turing["containers"][0]["volumeMounts"]
     assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}} in turing["volumes"]
+    requests = {"cpu": "2", "memory": "8Gi", "nvidia.com/gpu": 1}
     assert hopper["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": 1}, "requests": requests}
     # vLLM's engine needs more than the container's 64 MiB even without tensor parallelism (the CPU build
     # asked for 160 MiB in tests/e2e/test_helm_pod_e2e.py).
@@ -472,6 +488,11 @@ def wheel_path(chart: Chart) -> str:
     return f"/opt/deploykit/{chart.values['plugin']['wheel']['file']}"
 
 
+def plugin_config_map(chart: Chart) -> str:
+    """The bundled wheel's ConfigMap: named by the wheel's digest (immutable)."""
+    return f"{RELEASE}-plugin-{chart.values['plugin']['wheel']['sha256'][:12]}"
+
+
 def config_maps(chart: Chart, docs: list[dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
     return {d["metadata"]["name"]: d for d in (docs or chart.manifests) if d["kind"] == "ConfigMap"}
 
@@ -491,7 +512,9 @@ def test_the_chart_carries_the_plugin_wheel_pinned_by_its_sha256(charts: dict[st
     for name, fixes in (("turing", "fp32_projection"), ("hopper", "matmul_lora")):
         chart = charts[name]
         wheel = chart.values["plugin"]["wheel"]
-        data = base64.b64decode(config_maps(chart)["demo-plugin"]["binaryData"][wheel["file"]])
+        config_map = config_maps(chart)[plugin_config_map(chart)]
+        assert config_map["immutable"] is True  # never new bytes under a running pod's zipimport
+        data = base64.b64decode(config_map["binaryData"][wheel["file"]])
         assert data == (chart.root / "files" / wheel["file"]).read_bytes()
         assert hashlib.sha256(data).hexdigest() == wheel["sha256"]
         deployment = chart.one("Deployment")
@@ -501,7 +524,7 @@ def test_the_chart_carries_the_plugin_wheel_pinned_by_its_sha256(charts: dict[st
         spec = deployment["spec"]["template"]["spec"]
         assert "initContainers" not in spec  # nothing to install
         volumes = {v["name"]: v for v in spec["volumes"]}
-        assert volumes["deploykit-plugin"]["configMap"]["name"] == "demo-plugin"
+        assert volumes["deploykit-plugin"]["configMap"]["name"] == plugin_config_map(chart)
         for container in spec["containers"]:  # vLLM and the canary both run deploykit from the wheel
             env = {e["name"]: e.get("value") for e in container["env"]}
             assert env["PYTHONPATH"] == wheel_path(chart), container["name"]
@@ -593,7 +616,7 @@ def test_a_private_index_takes_its_url_from_a_secret(charts: dict[str, Chart]) -
         assert env["PIP_INDEX_URL"]["valueFrom"]["secretKeyRef"] == {"name": "pip-index", "key": "index-url"}
         assert {"name": "deploykit-plugin", "emptyDir": {}} in spec["volumes"]
         assert {"name": "PYTHONPATH", "value": "/opt/deploykit"} in spec["containers"][0]["env"]
-    assert "demo-plugin" not in config_maps(chart, docs)
+    assert plugin_config_map(chart) not in config_maps(chart, docs)
 
 
 def test_a_wheel_url_is_installed_with_require_hashes(charts: dict[str, Chart]) -> None:

@@ -30,9 +30,16 @@ def test_the_wheel_holds_the_package_its_data_and_its_entry_point() -> None:
         info = f"vllm_deploykit-{__version__}.dist-info"
         package = {"deploykit/__init__.py", "deploykit/vllm_plugin/entry.py", "deploykit/render/pod_probe.py"}
         assert package <= names
-        assert any(n.startswith("deploykit/_data/profiles/") for n in names)
-        assert not any(n.startswith("deploykit/_data/templates/") for n in names)  # nothing in a pod renders
-        left_out = {"deploykit/render/helm.py", "deploykit/render/systemd.py", "deploykit/trace/run.py"}
+        # Nothing in a pod renders, launches vLLM itself or reads a shipped profile (its own is a file).
+        assert not any(n.startswith("deploykit/_data/") for n in names)
+        left_out = {
+            "deploykit/render/helm.py",
+            "deploykit/render/systemd.py",
+            "deploykit/trace/run.py",
+            "deploykit/serve/attempt.py",
+            "deploykit/serve/watch.py",
+        }
+        assert "deploykit/serve/remote_smoke.py" in names  # `deploykit smoke --url`, the `helm test` pod's
         assert not names & left_out
         # Every release table rides along (the pod's smoke plans), without the argv parser it never uses.
         tables = sorted(n for n in names if n.startswith("deploykit/vllm_tables/vllm-"))
@@ -102,3 +109,58 @@ def test_an_egg_info_in_the_checkout_still_gives_a_named_wheel(
     (egg / "PKG-INFO").write_text(f"Metadata-Version: 2.1\nVersion: {__version__}\n")
     with pytest.raises(RenderError, match="names no distribution"):
         build_plugin_wheel()
+
+
+def test_no_zlib_decides_a_byte(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Members are stored, not deflated: zlib and zlib-ng (64 of 140 members deflated differently) give the
+    same wheel, so every machine renders the same chart and the digest-named ConfigMap never changes bytes
+    under one name."""
+    wheel = build_plugin_wheel()
+    with zipfile.ZipFile(io.BytesIO(wheel.data)) as archive:
+        assert {m.compress_type for m in archive.infolist()} == {zipfile.ZIP_STORED}
+        assert {m.create_system for m in archive.infolist()} == {3}
+        assert {m.date_time for m in archive.infolist()} == {(1980, 1, 1, 0, 0, 0)}
+    monkeypatch.setattr(zipfile, "zlib", None)  # as on a Python built without zlib
+    assert build_plugin_wheel().data == wheel.data
+
+
+def test_the_build_tools_extra_headers_change_no_byte(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another setuptools writes another Metadata-Version, Summary, License or README: the wheel keeps the
+    headers the pod reads, so its digest (the ConfigMap's name, the pods' roll) stays."""
+    from importlib import metadata
+
+    installed = metadata.distribution(DISTRIBUTION)
+    before = build_plugin_wheel()
+    egg = tmp_path / "vllm_deploykit.egg-info"
+    egg.mkdir()
+    core = installed.read_text("METADATA") or installed.read_text("PKG-INFO") or ""
+    headers, _, _ = core.partition("\n\n")
+    changed = headers.replace("Metadata-Version: 2.4", "Metadata-Version: 2.2")
+    changed += (
+        "\nSummary: another summary\nLicense-File: LICENSE\nDynamic: license-file\n\nA changed README.\n"
+    )
+    (egg / "PKG-INFO").write_text(changed)
+    (egg / "entry_points.txt").write_text(installed.read_text("entry_points.txt") or "")
+    monkeypatch.setattr(plugin_wheel.metadata, "distribution", lambda name: metadata.PathDistribution(egg))
+    assert build_plugin_wheel().sha256 == before.sha256
+
+
+def test_the_digest_follows_the_code_the_pod_runs_and_nothing_else(tmp_path: Path) -> None:
+    import shutil
+
+    from deploykit.paths import PACKAGE_DIR
+
+    copy = tmp_path / "deploykit"
+    shutil.copytree(PACKAGE_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    original = build_plugin_wheel()
+    assert build_plugin_wheel(copy).sha256 == original.sha256
+    # What the pod never runs: a launcher module, a renderer.
+    (copy / "serve" / "attempt.py").write_text("# changed\n")
+    (copy / "render" / "systemd.py").write_text("# changed\n")
+    assert build_plugin_wheel(copy).sha256 == original.sha256
+    # What it runs: the canary.
+    with (copy / "canary" / "runner.py").open("a") as handle:
+        handle.write("# a comment\n")
+    assert build_plugin_wheel(copy).sha256 != original.sha256

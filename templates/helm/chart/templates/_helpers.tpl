@@ -4,6 +4,15 @@ app.kubernetes.io/name: {{ .Chart.Name }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{/* The `helm test` pod's: never the selector's pair, so the Service, the PDB and the monitors leave it out. */}}
+{{- define "deploykit.testLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}-smoke-test
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: smoke-test
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
+{{- end -}}
+
 {{- define "deploykit.labels" -}}
 {{ include "deploykit.selectorLabels" . }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
@@ -56,10 +65,17 @@ entry points), or the folder an init container installed into; nothing for a der
 {{- end -}}
 {{- end -}}
 
-{{- define "deploykit.pluginEnv" -}}
-{{- with include "deploykit.pythonPath" . -}}
+{{/* PYTHONPATH: the plugin's, joined with one of the user's (index 1 of the list: the profile's or env's;
+"" for none), never replaced by it: Kubernetes keeps the last of two entries of one name, and a vLLM without
+the plugin runs without the fixes (and the exec probes fail). */}}
+{{- define "deploykit.pythonPathEnv" -}}
+{{- $root := index . 0 -}}
+{{- $parts := list -}}
+{{- with include "deploykit.pythonPath" $root -}}{{- $parts = append $parts . -}}{{- end -}}
+{{- with index . 1 -}}{{- $parts = append $parts (toString .) -}}{{- end -}}
+{{- with $parts -}}
 - name: PYTHONPATH
-  value: {{ . | quote }}
+  value: {{ join ":" . | quote }}
 {{- end -}}
 {{- end -}}
 
@@ -71,11 +87,16 @@ entry points), or the folder an init container installed into; nothing for a der
 {{- end }}
 {{- end -}}
 
+{{/* The bundled wheel's ConfigMap: named by the wheel's digest, so one name always holds the same bytes. */}}
+{{- define "deploykit.pluginConfigMap" -}}
+{{ .Release.Name }}-plugin-{{ .Values.plugin.wheel.sha256 | trunc 12 }}
+{{- end -}}
+
 {{- define "deploykit.pluginVolume" -}}
 {{- if eq .Values.plugin.source "bundled" -}}
 - name: deploykit-plugin
   configMap:
-    name: {{ .Release.Name }}-plugin
+    name: {{ include "deploykit.pluginConfigMap" . }}
     items:
       - key: {{ .Values.plugin.wheel.file }}
         path: {{ .Values.plugin.wheel.file }}
@@ -186,4 +207,71 @@ exec:
     - "5"
     - --max-verdict-age
     - {{ $root.Values.canary.verdictMaxAgeSeconds | quote }}
+{{- end -}}
+
+{{/* Every local model or adapter path vLLM opens at start-up must lie under a mount of the vLLM container:
+one of model.volumes or extraVolumeMounts. Otherwise vLLM crash-loops, so the chart refuses to render. */}}
+{{- define "deploykit.checkModelPaths" -}}
+{{- $mounts := list -}}
+{{- range .Values.model.volumes }}{{- $mounts = append $mounts .mountPath -}}{{- end -}}
+{{- range .Values.extraVolumeMounts }}{{- $mounts = append $mounts .mountPath -}}{{- end -}}
+{{- range $path := .Values.model.paths -}}
+{{- $held := false -}}
+{{- range $mount := $mounts -}}
+{{- $dir := trimSuffix "/" $mount -}}
+{{- if or (eq $path $dir) (hasPrefix (printf "%s/" $dir) $path) -}}{{- $held = true -}}{{- end -}}
+{{- end -}}
+{{- if not $held -}}
+{{- fail (printf "model path %s: no volume in model.volumes or extraVolumeMounts is mounted over it, so vLLM would not find it in the pod" $path) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A `download` model volume: an init container of the vLLM image fetches the repository into it from the
+hub (clusters with egress only; never by default). The token, when the release has one, comes from the
+Secret; the names travel as environment variables, never through a shell. */}}
+{{- define "deploykit.modelDownload" -}}
+{{- $root := . -}}
+{{- range .Values.model.volumes }}
+{{- if .download }}
+- name: download-{{ .name }}
+  image: {{ include "deploykit.vllmImage" $root | quote }}
+  imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+  command:
+    - python3
+    - -c
+    - >-
+      import os; from huggingface_hub import snapshot_download;
+      snapshot_download(repo_id=os.environ["DEPLOYKIT_MODEL_REPO"],
+      revision=os.environ["DEPLOYKIT_MODEL_REVISION"] or None, local_dir=os.environ["DEPLOYKIT_MODEL_DIR"])
+  env:
+    - name: NVIDIA_VISIBLE_DEVICES
+      value: void
+    - name: HOME
+      value: /tmp
+    - name: HF_HOME
+      value: /tmp/huggingface
+    - name: DEPLOYKIT_MODEL_REPO
+      value: {{ .download.repo | quote }}
+    - name: DEPLOYKIT_MODEL_REVISION
+      value: {{ .download.revision | default "" | quote }}
+    - name: DEPLOYKIT_MODEL_DIR
+      value: {{ .mountPath | quote }}
+    {{- if hasKey $root.Values.secretEnv "HF_TOKEN" }}
+    - name: HF_TOKEN
+      valueFrom:
+        secretKeyRef:
+          name: {{ $root.Values.secretName }}
+          key: {{ get $root.Values.secretEnv "HF_TOKEN" }}
+    {{- end }}
+  securityContext:
+    {{- toYaml $root.Values.securityContext | nindent 4 }}
+  volumeMounts:
+    - name: {{ .name }}
+      mountPath: {{ .mountPath | quote }}
+      {{- with .subPath }}
+      subPath: {{ . | quote }}
+      {{- end }}
+{{- end }}
+{{- end }}
 {{- end -}}

@@ -1,0 +1,97 @@
+"""Where the chart's pod finds its model and LoRA adapters: the profile's `model.volumes` as chart values.
+
+The chart never rewrites the argv, so a local `model.source` or adapter path is the path vLLM opens inside
+the pod, and something in the release must put the files there: a PVC, a node directory, an image volume, or
+an init container that downloads them (for clusters with egress, never by default). A local path that no
+volume holds would make vLLM crash-loop at start-up (static adapters are loaded then), so render refuses
+it. When every path is local the pod runs with the hub switched off (`HF_HUB_OFFLINE`,
+`TRANSFORMERS_OFFLINE`): a cluster without egress never waits on a hub it cannot reach.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from deploykit.profile.schema import ModelVolume, covering_volume
+from deploykit.render.common import RenderError
+
+if TYPE_CHECKING:
+    from deploykit.plan import Plan
+    from deploykit.profile.schema import LoadedProfile
+
+OFFLINE_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+
+
+def _is_local(path: str) -> bool:
+    return path.startswith("/")
+
+
+def _volume_source(volume: ModelVolume) -> dict[str, Any]:
+    """The Kubernetes volume source of one entry (the chart adds name and mounts)."""
+    if volume.kind == "pvc":
+        return {"persistentVolumeClaim": {"claimName": volume.claim, "readOnly": True}}
+    if volume.kind == "host_path":
+        return {"hostPath": {"path": volume.path, "type": "Directory"}}
+    if volume.kind == "image":
+        return {"image": {"reference": volume.image, "pullPolicy": "IfNotPresent"}}
+    if volume.claim:  # download into a claim of the user's: kept across pod restarts
+        return {"persistentVolumeClaim": {"claimName": volume.claim}}
+    return {"emptyDir": {}}
+
+
+def _volume_values(index: int, volume: ModelVolume) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "name": f"model-{index}",
+        "mountPath": volume.mount_path,
+        "source": _volume_source(volume),
+    }
+    if volume.sub_path:
+        entry["subPath"] = volume.sub_path
+    if volume.kind == "download":
+        entry["download"] = {"repo": volume.repo, "revision": volume.revision or ""}
+    return entry
+
+
+def required_paths(plan: Plan, loaded: LoadedProfile) -> list[tuple[str, str]]:
+    """(field, path) for every local path vLLM opens at start-up: the model and each static adapter."""
+    model_path = plan.argv[2]
+    paths = [("model.source", model_path)] if _is_local(model_path) else []
+    for name, path in loaded.profile.serve.lora.adapters.items():
+        if _is_local(path):
+            paths.append((f"serve.lora.adapters.{name}", path))
+    return paths
+
+
+def model_values(plan: Plan, loaded: LoadedProfile) -> tuple[dict[str, Any], list[str]]:
+    """The chart's `model` values and the warnings: refused when a local path has no volume."""
+    profile = loaded.profile
+    volumes = profile.model.volumes
+    paths = required_paths(plan, loaded)
+    for field, path in paths:
+        if covering_volume(path, volumes) is None:
+            what = f"{field} {path} is a local path"
+            if field == "model.source" and profile.model.source != path:
+                what = f"model.source {profile.model.source} is built on the rendering machine (at {path})"
+            raise RenderError(
+                f"{loaded.path}: {what}, and nothing in the release puts it in the pod: add a model.volumes "
+                "entry whose mount_path holds it (kind pvc, host_path, image or download; docs/deploy.md, "
+                "offline model staging)"
+            )
+    warnings = []
+    hub = [("model.source", plan.argv[2])] if not _is_local(plan.argv[2]) else []
+    hub += [
+        (f"serve.lora.adapters.{name}", path)
+        for name, path in profile.serve.lora.adapters.items()
+        if not _is_local(path)
+    ]
+    for field, name in hub:
+        warnings.append(
+            f"{field} {name} is fetched from the Hugging Face hub at every pod start: the cluster must reach "
+            "it; to run without egress stage it on a volume (model.volumes) and give its local path"
+        )
+    values = {
+        "offline": not hub,
+        "paths": [path for _, path in paths],
+        "volumes": [_volume_values(index, volume) for index, volume in enumerate(volumes)],
+    }
+    return values, warnings
