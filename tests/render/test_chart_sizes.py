@@ -16,6 +16,8 @@ import yaml
 from tests.profile_variants import PROFILES
 from tests.render.test_helm import FACTS_DIR, Chart, render_chart, run_helm
 
+pytestmark = pytest.mark.external_tool  # every test here renders with helm
+
 MIB = 1024 * 1024
 CONFIGMAP_LIMIT = MIB  # data + binaryData bytes (the API server's validation)
 RELEASE_LIMIT = MIB  # Helm's release record: one Secret's data

@@ -181,6 +181,7 @@ def test_the_chart_refuses_values_that_take_the_models_volume_away(charts: dict[
     assert {"name": "weights", "mountPath": "/models"} in container(spec, "vllm")["volumeMounts"]
 
 
+@pytest.mark.external_tool  # helm renders the chart
 def test_a_download_volume_is_filled_by_an_init_container(
     make_profile: Callable[[str, dict[str, Any]], Path], tmp_path: Path
 ) -> None:
@@ -214,6 +215,7 @@ def test_a_download_volume_is_filled_by_an_init_container(
             kubernetes_validate.validate(doc, version, strict=True)
 
 
+@pytest.mark.external_tool  # helm renders the chart
 def test_an_image_volume_is_a_valid_source(
     make_profile: Callable[[str, dict[str, Any]], Path], tmp_path: Path
 ) -> None:
