@@ -19,6 +19,7 @@ fail the probe only when it is fresh: written after this vLLM process started, a
 | fresh `hung` (requests waited, no token produced)             | fail | fail  |
 | fresh `unreachable`                                           | pass | fail  |
 | fresh `unknown` (the canary stopped or crashed)               | pass | fail  |
+| fresh `misconfigured` (the canary's setup, not vLLM's output)  | pass | pass  |
 | fresh `starting` or `healthy`                                 | pass | pass  |
 
 Exit 0 passes, 1 fails; one line says why (the kubelet shows it in the pod's events). Standard library only,
@@ -58,7 +59,9 @@ MAX_REASON_CHARS = 400
 
 # The statuses `deploykit canary` writes (deploykit.canary.state.Status: render must not import the canary).
 # `unknown` is the last verdict of a canary that stopped or crashed (deploykit.canary.runner.final_verdict).
-STATUSES = frozenset({"starting", "healthy", "corrupt", "unreachable", "hung", "unknown"})
+# `misconfigured` (the canary's own setup: a key refused, a name not served, a request refused as too long)
+# fails neither probe: it says nothing of vLLM's output, and it is not `healthy` either (issue 34).
+STATUSES = frozenset({"starting", "healthy", "corrupt", "unreachable", "hung", "unknown", "misconfigured"})
 # Which fresh statuses fail which probe. Liveness restarts the container: only corruption and a hung engine
 # (which only a restart brings back; its /health may say 200 for hours) are worth that. Readiness only stops
 # routing: a server the canary cannot get answers from, or that nothing judges any more, gets no traffic.
