@@ -186,4 +186,7 @@ exec:
     - "5"
     - --max-verdict-age
     - {{ $root.Values.canary.verdictMaxAgeSeconds | quote }}
+    # Corruption restarts counted in the pod's own emptyDir and capped (3 an hour, as systemd's).
+    - --ledger-dir
+    - /run/deploykit-ledger
 {{- end -}}
