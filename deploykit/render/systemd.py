@@ -231,6 +231,9 @@ def render_systemd(plan: Plan, loaded: LoadedProfile, options: SystemdOptions) -
     canary_argv = [str(bin_dir / "deploykit"), "canary", "--url", url, "--profile", profile_file]
     listen = canary_listen(loaded)
     canary_argv += ["--every", str(CANARY_EVERY_S), "--listen", listen, "--exit-on-corruption"]
+    # Its own trouble (a key the server refuses, a name it does not serve) is a `misconfigured` verdict and a
+    # journal line, never an exit (exit 3 restarts the server; issue 34).
+    canary_argv += ["--keep-running"]
     if "VLLM_API_KEY" in plan.secret_env:
         canary_argv += ["--api-key-env", "VLLM_API_KEY"]
     # `python -I`: run as root in the state directory (which the service user writes), so nothing there, nor

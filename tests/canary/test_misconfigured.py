@@ -250,6 +250,18 @@ def test_the_command_with_keep_running_never_exits_on_a_refused_key_and_heals_on
                 child.communicate()
     assert child.returncode == 0, err  # never 3: nothing restarted the server
     assert "MISCONFIGURED" in err and "key-1" not in err + out and "key-2" not in err + out
+    # The systemd unit's ExecStopPost= on that ending: the server is left alone.
+    from deploykit.render.on_corruption import main as on_corruption
+
+    commands: list[list[str]] = []
+
+    def run(command: list[str]) -> int:
+        commands.append(command)
+        return 0
+
+    ended = {"EXIT_CODE": "exited", "EXIT_STATUS": str(child.returncode)}
+    assert on_corruption(["--restart", "deploykit-x.service"], env=ended, run=run) == 0
+    assert commands == []
 
 
 def test_the_command_with_keep_running_waits_out_a_profile_it_cannot_read(tmp_path: Path) -> None:
