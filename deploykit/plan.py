@@ -22,6 +22,7 @@ from deploykit.advisories import (
     quantization_method,
     resolve_compute_dtype,
 )
+from deploykit.driver_cuda import driver_warning
 from deploykit.fixes import FIX_NAMES as FIX_NAMES  # `--fix NAME=...` checks names against these
 from deploykit.fixes import load_fix
 from deploykit.fixes.base import OBSOLETE_PREFIX, Decision, DecisionInputs, FixDecision, effective_runner
@@ -536,6 +537,8 @@ def make_plan(
         warnings.extend(f"requires: {p}" for p in requires.problems)
     if requires.status == "unchecked":
         warnings.extend(requires.notes)
+    if driver := driver_warning(facts, inputs.vllm_version, profile.platform):
+        warnings.append(driver)
     if facts.gpus and is_cpu_build(inputs.vllm_version):
         warnings.append(
             f"the facts show {len(facts.gpus)} GPU(s) but the target vLLM {inputs.vllm_version} is a CPU "

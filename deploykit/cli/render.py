@@ -30,7 +30,7 @@ ForceOption = Annotated[
     typer.Option(
         "--force",
         help="Overwrite files in --out that were changed since deploykit wrote them (a filled-in secrets "
-        "file is kept even so).",
+        "file is kept even so), and render a profile whose `requires` the facts fail (a warning then).",
     ),
 ]
 
@@ -46,14 +46,19 @@ def _render(
 ) -> None:
     """Open the profile, plan it for the target, render, then print the warnings and the written paths."""
     from deploykit.cli.options import fail, gather_facts, open_profile, parse_fix_overrides
-    from deploykit.render.common import RenderError, plan_for_render, write_files
+    from deploykit.render.common import RenderError, plan_for_render, requirements_refusal, write_files
 
     loaded = open_profile(profile)
     try:
         plan = plan_for_render(loaded, gather_facts(facts), parse_fix_overrides(fix))
+        refused = requirements_refusal(plan)
+        if refused is not None and not force:
+            fail(f"render {kind}: {refused} (--force renders it anyway)")
         result = render(plan, loaded)
     except RenderError as exc:
         fail(f"render {kind}: {exc}")
+    if refused is not None:
+        typer.echo(f"deploykit render: warning: {refused}, rendered anyway (--force)", err=True)
     for warning in result.warnings:
         typer.echo(f"deploykit render: warning: {warning}", err=True)
     try:
