@@ -86,23 +86,39 @@ def render_systemd(
             "(default: this deploykit's environment).",
         ),
     ] = None,
+    gpus: Annotated[
+        str | None,
+        typer.Option(
+            "--gpus",
+            metavar="I,J",
+            help="The GPU indices the server unit opens (default: 0..N-1 for the N GPUs the plan needs): "
+            "give each profile on one host its own. Units already in --out that open the same GPU are "
+            "named in a warning.",
+        ),
+    ] = None,
 ) -> None:
     """A hardened service unit, a smoke companion, a secrets file template and a sysusers entry."""
     import sys
 
-    from deploykit.render.systemd import SystemdOptions
+    from deploykit.cli.options import fail
+    from deploykit.render.common import RenderError
+    from deploykit.render.systemd import SystemdOptions, unit_name
     from deploykit.render.systemd import render_systemd as render
+    from deploykit.render.unit_gpus import overlapping_units, parse_gpus
 
     target = (prefix or Path(sys.prefix)).absolute()
-    _render(
-        "systemd",
-        profile,
-        out,
-        facts,
-        fix,
-        lambda plan, loaded: render(plan, loaded, SystemdOptions(prefix=target)),
-        force,
-    )
+    try:
+        chosen = parse_gpus(gpus)
+    except RenderError as exc:
+        fail(f"render systemd: {exc}")
+
+    def render_units(plan: Plan, loaded: LoadedProfile) -> RenderResult:
+        result = render(plan, loaded, SystemdOptions(prefix=target, gpus=chosen))
+        opened = result.gpus if result.gpus is not None else []
+        result.warnings += overlapping_units(out, unit_name(loaded), opened)
+        return result
+
+    _render("systemd", profile, out, facts, fix, render_units, force)
 
 
 @render_app.command("helm")

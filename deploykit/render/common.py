@@ -43,6 +43,8 @@ class RenderResult(BaseModel):
 
     files: list[RenderedFile]
     warnings: list[str] = []
+    gpus: list[int] | None = None
+    """The GPU indices a systemd server unit opens (None: not a systemd rendering)."""
 
 
 def template_root() -> Path:
