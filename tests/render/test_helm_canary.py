@@ -127,3 +127,19 @@ def test_canary_off_restores_the_health_probes_and_drops_the_sidecar(charts: dic
     assert found["vllm"]["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
     assert all(not v["name"].startswith("canary") for v in pod_spec(docs)["volumes"])
     assert "canary-verdict" not in {m["name"] for m in found["vllm"]["volumeMounts"]}
+
+
+def test_an_interval_the_verdict_s_maximum_age_would_ignore_is_refused(charts: dict[str, Chart]) -> None:
+    """`canary.every=900` with verdicts ignored after 600 s: the probes would never see a fresh verdict and
+    the canary's own liveness would restart it between runs (issue 34). Refused by helm, in one line."""
+    root = charts["turing"].root
+    refused = run_helm("template", "x", str(root), "--set", "canary.every=900")
+    assert refused.returncode != 0
+    assert "canary.every 900: a verdict older than canary.verdictMaxAgeSeconds (600 s) is ignored" in (
+        refused.stderr
+    )
+    both = run_helm(
+        "template", "x", str(root), "--set", "canary.every=900", "--set", "canary.verdictMaxAgeSeconds=1800"
+    )
+    assert both.returncode == 0, both.stderr
+    assert run_helm("template", "x", str(root), "--set", "canary.every=300").returncode == 0
