@@ -42,7 +42,7 @@ _PACKAGE_SUFFIXES = (".py", ".typed")
 # probes. Nothing in the pod renders or traces, so the templates, render's modules but the probe, and
 # trace/ stay out of a wheel that must fit a Helm release (MAX_WHEEL_BYTES).
 POD_DATA = tuple(name for name in SHIPPED_DATA if name != "templates")
-_POD_RENDER_MODULES = {"__init__.py", "pod_probe.py"}
+_POD_RENDER_MODULES = {"__init__.py", "pod_probe.py", "pod_restarts.py"}  # the probes and their restart cap
 _LEFT_OUT_PACKAGES = {"trace"}
 # The release tables (deploykit.vllm_tables) go in without their option tables: the pod's plan needs each
 # release's env vars and source facts, never its `vllm serve` parser (argv is checked where render runs).

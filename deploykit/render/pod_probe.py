@@ -257,8 +257,10 @@ def capped(
 ) -> Decision:
     """The decision under the corruption-restart cap (`pod_restarts`): liveness about to fail on the canary's
     verdict counts the restart, or holds it past the cap; readiness fails for a process the cap held."""
-    from deploykit.render import pod_restarts
-
+    try:
+        from deploykit.render import pod_restarts
+    except ImportError as exc:  # a wheel without it: no cap, as before the cap existed (never a crash)
+        return Decision(decision.passed, _one_line(f"{decision.reason} (no restart cap: {exc})"))
     try:
         if mode == "live" and decision.verdict_failed:
             restart, why = pod_restarts.restart_or_hold(ledger_dir, start, now, max_restarts, window_s)
