@@ -67,7 +67,7 @@ def run_stoppable(canary: Canary, stop: threading.Event) -> None:
         if stop.is_set():
             cancel.set()
             return
-        stuck = canary.stuck()
+        stuck = canary.stuck(run_only=True)  # (a run not registered yet is not a quiet canary)
         if stuck is not None:
             cancel.set()
             canary.abandon_run()

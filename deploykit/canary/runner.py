@@ -316,14 +316,16 @@ class Canary:
             self.progress.forget()
             self._waiting_since = None
 
-    def stuck(self, now: float | None = None) -> str | None:
-        """Why the canary's own runs have stopped advancing (a run past its deadlines, or no run for
-        longer than the interval allows), or None while they advance."""
+    def stuck(self, now: float | None = None, run_only: bool = False) -> str | None:
+        """Why the canary's own runs have stopped advancing (a run past its deadlines, or, unless
+        `run_only`, no run for longer than the interval allows), or None while they advance."""
         moment = time.monotonic() if now is None else now
         with self._lock:
             if self._run_deadline is not None and self._run_since is not None:
                 if moment > self._run_deadline:
                     return f"the canary's run has not ended after {moment - self._run_since:.0f} s (stuck)"
+                return None
+            if run_only:
                 return None
             quiet = moment - self._last_beat
         allowed = self.config.every_s + self.config.timeout_s + defaults.RUN_GRACE_S

@@ -284,3 +284,15 @@ def test_the_command_with_keep_running_waits_out_a_profile_it_cannot_read(tmp_pa
             child.communicate()
     assert child.returncode == 0, err
     assert err.count("MISCONFIGURED") == 1, err  # one line per reason, not one per try
+
+
+def test_a_first_run_long_after_the_canary_was_made_is_not_abandoned(tmp_path: Path) -> None:
+    """serve makes its canary, then waits minutes for vLLM before the first run: the loop must not take
+    that wait for a stuck run (the run's thread may not have registered yet when the loop first looks)."""
+    canary = scripted(tmp_path, lambda url, requests, **kwargs: GOOD, keep_running=True)
+    canary.abandon_run()  # (sets the last beat)
+    canary._last_beat -= 3600.0  # made an hour ago
+    assert canary.stuck() is not None  # /livez: the runs stopped coming
+    assert canary.stuck(run_only=True) is None  # the loop: no run of its own is overdue
+    run_stoppable(canary, threading.Event())
+    assert canary.state.status == "healthy", canary.state.diagnosis
