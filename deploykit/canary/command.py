@@ -16,6 +16,7 @@ from collections.abc import Callable
 from deploykit import exit_codes
 from deploykit.canary.config import CanaryOptions, build_config
 from deploykit.canary.runner import Canary, CanaryConfig, LiveNanSummary, RunSummary
+from deploykit.errors import DeploykitError
 
 __all__ = ["CanaryConfig", "CanaryOptions", "run_canary"]
 
@@ -32,14 +33,45 @@ def run_canary(
     at the first run when the URL is not the vLLM server it should be."""
     import signal
 
-    from deploykit.canary.listener import listen, parse_listen
-    from deploykit.net import redact_url
+    from deploykit.canary.listener import parse_listen
 
     host, _ = parse_listen(options.listen)  # a malformed address is refused before anything is asked
-    config = build_config(options)
+    stop = threading.Event()
+    received: list[int] = []
+
+    def on_signal(signum: int, frame: object) -> None:
+        received.append(signum)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return _run(options, host, stop, received, say, warn)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _run(
+    options: CanaryOptions,
+    host: str,
+    stop: threading.Event,
+    received: list[int],
+    say: Callable[[str], None],
+    warn: Callable[[str], None],
+) -> int:
+    import signal
+
+    from deploykit.canary.listener import listen
+    from deploykit.net import redact_url
+
+    config = build_config(options) if not options.keep_running else wait_for_config(options, stop, warn)
+    if config is None:
+        return exit_codes.OK  # stopped before the canary could be set up
 
     def on_run(summary: RunSummary) -> None:
-        word = {"pass": "ok  ", "wrong": "WRONG", "miss": "miss"}[summary.outcome]
+        word = {"pass": "ok  ", "wrong": "WRONG", "miss": "miss", "misconfigured": "MISCONFIGURED"}[
+            summary.outcome
+        ]
         line = f"run {summary.number + 1} {summary.case}: {word} {summary.report.elapsed_s:.2f} s"
         if summary.outcome != "pass":
             line += f"  {summary.report.diagnosis}"
@@ -47,6 +79,11 @@ def run_canary(
         if summary.changed is not None:
             healthy, text = canary.health()
             say(f"state: {text} (/healthz {200 if healthy else 503})")
+        if summary.outcome == "misconfigured":
+            warn(
+                f"deploykit canary: MISCONFIGURED: {summary.report.diagnosis} (the canary's setup and the "
+                "server disagree; vLLM is left alone: this is no reason to restart it)"
+            )
         if summary.stored:
             say(f"row stored in {summary.stored}")
         if options.exit_on_corruption and summary.outcome == "wrong":
@@ -75,7 +112,6 @@ def run_canary(
             hung.set()
             stop.set()
 
-    stop = threading.Event()
     corrupt = threading.Event()
     hung = threading.Event()
     canary = Canary(
@@ -86,7 +122,8 @@ def run_canary(
         on_hung=on_hung,
     )
     try:
-        canary.look_at_server()  # a URL that is not the vLLM server it should be: refused before any line
+        if not options.keep_running:  # (with it, the runs look, and say `misconfigured` until it is right)
+            canary.look_at_server()  # a URL that is not the vLLM server it should be: refused before any line
     except BaseException as exc:
         canary.final_verdict(f"the canary could not start: {type(exc).__name__}: {exc}"[:400])
         raise
@@ -113,13 +150,6 @@ def run_canary(
         threading.Thread(
             target=canary.watch_restarts, args=(stop,), name="deploykit-canary-restarts", daemon=True
         ).start()
-    received: list[int] = []
-
-    def on_signal(signum: int, frame: object) -> None:
-        received.append(signum)
-        stop.set()
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         canary.run_forever(stop)
     except BaseException as exc:
@@ -127,8 +157,6 @@ def run_canary(
         raise
     finally:
         stop.set()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
         server.shutdown()
         server.server_close()
     ended = f"{signal.Signals(received[0]).name} received" if received else "the canary ended"
@@ -141,3 +169,36 @@ def run_canary(
         return exit_codes.CORRUPT
     say("canary stopped")
     return exit_codes.OK
+
+
+def wait_for_config(
+    options: CanaryOptions, stop: threading.Event, warn: Callable[[str], None]
+) -> CanaryConfig | None:
+    """`build_config`, tried again every `--every` seconds while it raises (a profile that cannot be read, a
+    key that is not there yet, a server that is not vLLM): the verdict file says `misconfigured` and why,
+    one warning line per new reason, and the canary never exits on it. None: stopped first."""
+    import os
+    import time
+    import uuid
+
+    from deploykit.canary.config import check_options
+    from deploykit.canary.verdict import write_or_warn
+
+    check_options(options)  # options no canary can run with are still refused at once
+    run_id, sequence, said, file_error = uuid.uuid4().hex, 0, None, None
+    while not stop.is_set():
+        try:
+            return build_config(options)
+        except Exception as exc:
+            what = str(exc) if isinstance(exc, DeploykitError) else f"{type(exc).__name__}: {exc}"
+            why = f"the canary cannot be set up: {what}; it tries again every {options.every_s:g} s"
+        if why != said:
+            warn(f"deploykit canary: MISCONFIGURED: {why} (vLLM is left alone: no reason to restart it)")
+            said = why
+        if options.verdict_file is not None:
+            sequence += 1
+            verdict = {"status": "misconfigured", "diagnosis": why, "written_at": time.time()}
+            verdict |= {"pid": os.getpid(), "run_id": run_id, "sequence": sequence, "runs": 0, "final": False}
+            file_error = write_or_warn(options.verdict_file, verdict, file_error, warn)
+        stop.wait(options.every_s)
+    return None

@@ -115,6 +115,8 @@ class CanaryOptions:
     watch_restarts: bool = True
     verdict_file: str | None = None
     metrics_every_s: float = defaults.METRICS_EVERY_S
+    api_key_file: str | None = None
+    keep_running: bool = False
 
 
 def check_options(options: CanaryOptions) -> CanarySettings:
@@ -145,15 +147,7 @@ def build_config(options: CanaryOptions) -> CanaryConfig:
 
         loaded = load_profile(options.profile)  # a ProfileError lists its located issues, then one line
         profile, profile_id = loaded.profile, loaded.id
-    key_env = options.api_key_env or (profile.serve.api_key_env if profile else None)
-    from deploykit.net import SecretRefused, secret_from_env
-
-    try:
-        api_key = secret_from_env(key_env, os.environ) if key_env else None
-    except SecretRefused as exc:
-        raise CanaryError(str(exc)) from None
-    if key_env and not api_key:
-        raise CanaryError(f"the API key variable {key_env} is not set")
+    api_key = read_api_key(options, profile)
     if profile is not None:
         from deploykit.plan import resolve_model_path
 
@@ -173,6 +167,7 @@ def build_config(options: CanaryOptions) -> CanaryConfig:
             metrics_every_s=options.metrics_every_s,
         )
         config.identify = True
+        config.api_key_file, config.keep_running = options.api_key_file, options.keep_running
         from deploykit.fleet_baseline import check_for_server  # the fingerprint's key (docs/fingerprints.md)
 
         config.fingerprint = check_for_server(
@@ -193,7 +188,28 @@ def build_config(options: CanaryOptions) -> CanaryConfig:
         store=options.store,
         verdict_file=options.verdict_file,
         metrics_every_s=options.metrics_every_s,
+        api_key_file=options.api_key_file,
+        keep_running=options.keep_running,
     )
+
+
+def read_api_key(options: CanaryOptions, profile: Profile | None) -> str | None:
+    """The key from `--api-key-file` (read again before every run), else from the variable `--api-key-env`
+    or the profile's `api_key_env` names; a CanaryError (never the value) when it cannot be had."""
+    if options.api_key_file is not None:
+        from deploykit.canary.api_key import read_api_key_file
+
+        return read_api_key_file(options.api_key_file)
+    key_env = options.api_key_env or (profile.serve.api_key_env if profile else None)
+    from deploykit.net import SecretRefused, secret_from_env
+
+    try:
+        api_key = secret_from_env(key_env, os.environ) if key_env else None
+    except SecretRefused as exc:
+        raise CanaryError(str(exc)) from None
+    if key_env and not api_key:
+        raise CanaryError(f"the API key variable {key_env} is not set")
+    return api_key
 
 
 def config_for_profile(

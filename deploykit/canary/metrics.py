@@ -3,6 +3,12 @@ in one process (tests, and serve's in-process canary beside a command's)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from deploykit.canary.state import CanaryState, Outcome
+    from deploykit.smoke import SmokeReport
+
 
 class CanaryMetrics:
     """Gauges for the state now, counters for what the runs did."""
@@ -83,10 +89,44 @@ class CanaryMetrics:
             "1 while the engine is hung (requests waiting, no token produced for the bound), else 0",
             registry=self.registry,
         )
+        self.misconfigured = Gauge(
+            "deploykit_canary_misconfigured",
+            "1 while the canary cannot judge for a reason of its own (a request the server refuses: too "
+            "long, a key it does not take, a name it does not serve), else 0; never a reason to restart vLLM",
+            registry=self.registry,
+        )
         for cause in ("probe", "live_nan"):
             self.corrupt_cause.labels(cause=cause).set(0)
         self.vllm_nan_counter.set(-1)
         self.healthy.set(1)
+
+    def count_run(
+        self, state: CanaryState, label: str, outcome: Outcome, report: SmokeReport, now: float, took: float
+    ) -> None:
+        """What one run did, and the verdict it left."""
+        self.runs.labels(case=label).inc()
+        if outcome != "pass":
+            self.failures.labels(case=label, reason=outcome).inc()
+        else:
+            self.last_pass.set(now)
+        if any(case.warning for case in report.cases):
+            self.warnings.labels(case=label).inc()
+        self.requests.inc(len(report.cases))
+        self.generated.inc(sum(case.completion_tokens for case in report.cases))
+        self.prompt.inc(sum(case.prompt_tokens or 0 for case in report.cases))
+        self.last_run.set(now)
+        self.duration.set(took)
+        self.misses.set(state.consecutive_misses)
+        self.set_verdict(state)
+
+    def set_verdict(self, state: CanaryState) -> None:
+        """The verdict gauges: healthy, hung, misconfigured, and corrupt by cause."""
+        self.healthy.set(1 if state.healthy else 0)
+        self.hung.set(1 if state.hung else 0)
+        self.misconfigured.set(1 if state.misconfigured else 0)
+        for cause in ("probe", "live_nan"):
+            now_cause = state.corrupt and state.cause == cause
+            self.corrupt_cause.labels(cause=cause).set(1 if now_cause else 0)
 
     def text(self) -> bytes:
         from prometheus_client import generate_latest

@@ -18,7 +18,7 @@ from deploykit.canary.metrics import CanaryMetrics
 from deploykit.canary.progress import ProgressPoller, ProgressReading, ProgressWatch, hung_diagnosis
 from deploykit.canary.rotation import case_labels, run_requests
 from deploykit.canary.state import CanaryState, Outcome, Status, outcome_of
-from deploykit.canary.verdict import ForeignVerdictPath, write_verdict_file
+from deploykit.canary.verdict import write_or_warn
 
 if TYPE_CHECKING:
     from deploykit.canary.nan_counter import CounterReading, NanCounterPoller
@@ -29,8 +29,6 @@ if TYPE_CHECKING:
     from deploykit.smoke.fingerprint import Fingerprint
 
 Runner = Callable[..., "SmokeReport"]
-STOP_POLL_S = 0.2
-"""How often the loop looks whether it should stop while a run is in flight."""
 
 
 @dataclass
@@ -65,6 +63,12 @@ class CanaryConfig:
     """Requests waiting this long with no token produced make the verdict `hung` (`progress`); 0: never."""
     progress_every_s: float = defaults.PROGRESS_EVERY_S
     """Seconds between reads of vLLM's token counters for `hung_after_s`."""
+    api_key_file: str | None = None
+    """Read the API key from this file before every run (a mounted Secret the kubelet updates), so a key
+    rotated under a running canary is picked up without a restart."""
+    keep_running: bool = False
+    """Configuration errors and the canary's own failures are a `misconfigured` verdict, never the end of
+    the loop (`loop`): the chart's and the units' canary."""
     identify: bool = False
     """Look first whether the URL is vLLM serving `served_name` (`discovery.identify`), until it answers:
     `deploykit canary` does, for a URL a person typed; serve's in-process canary knows its server."""
@@ -150,11 +154,11 @@ class Canary:
     def run_once(self) -> RunSummary:
         """One run: the next case, judged; the state, metrics, rows and verdict file follow. Raises
         CanaryError when `config.identify` finds the URL is not the vLLM server it should be."""
-        summary = self._run(None)
+        summary = self.run_cancellable(None)
         assert summary is not None  # only a cancelled run has none
         return summary
 
-    def _run(self, cancel: threading.Event | None) -> RunSummary | None:
+    def run_cancellable(self, cancel: threading.Event | None) -> RunSummary | None:
         """`run_once`, or None, changing nothing, when `cancel` was set before the answers came (the canary
         is stopping: what a stopped run saw is not judged)."""
         number = self.runs
@@ -184,7 +188,7 @@ class Canary:
             if outcome != "miss" or took < 0.9 * self.config.timeout_s:
                 self._waiting_since = None
             changed = self.state.observe(label, outcome, report.diagnosis)
-            self._count(label, outcome, report, now, took)
+            self.metrics.count_run(self.state, label, outcome, report, now, took)
         summary = RunSummary(number, label, outcome, report, changed)
         if changed is not None:
             summary.stored = self._store_row(f"state:{changed}", report, now)
@@ -229,31 +233,6 @@ class Canary:
         )
         return with_case(report, case)
 
-    def _count(self, label: str, outcome: Outcome, report: SmokeReport, now: float, took: float) -> None:
-        m = self.metrics
-        m.runs.labels(case=label).inc()
-        if outcome != "pass":
-            m.failures.labels(case=label, reason=outcome).inc()
-        else:
-            m.last_pass.set(now)
-        if any(case.warning for case in report.cases):
-            m.warnings.labels(case=label).inc()
-        m.requests.inc(len(report.cases))
-        m.generated.inc(sum(case.completion_tokens for case in report.cases))
-        m.prompt.inc(sum(case.prompt_tokens or 0 for case in report.cases))
-        m.last_run.set(now)
-        m.duration.set(took)
-        m.misses.set(self.state.consecutive_misses)
-        self._set_verdict_metrics()
-
-    def _set_verdict_metrics(self) -> None:
-        m = self.metrics
-        m.healthy.set(1 if self.state.healthy else 0)
-        m.hung.set(1 if self.state.hung else 0)
-        for cause in ("probe", "live_nan"):
-            now_cause = self.state.corrupt and self.state.cause == cause
-            m.corrupt_cause.labels(cause=cause).set(1 if now_cause else 0)
-
     def nan_poller(self) -> NanCounterPoller | None:
         """The reader of vLLM's NaN counter for this canary's server, or None with `metrics_every_s` 0."""
         from deploykit.canary.nan_counter import NanCounterPoller
@@ -283,7 +262,7 @@ class Canary:
             changed = self.state.observe_live_nan(grown, reading.total)
             diagnosis = self.state.diagnosis
             self.metrics.live_nan.inc(grown)
-            self._set_verdict_metrics()
+            self.metrics.set_verdict(self.state)
         summary = LiveNanSummary(grown, reading.total, changed)
         if changed is not None:
             report = SmokeReport(passed=False, diagnosis=diagnosis, cases=[])
@@ -321,7 +300,7 @@ class Canary:
                 return None
             changed = self.state.observe_hung(hung_diagnosis(stalled, reading.tokens))
             diagnosis = self.state.diagnosis
-            self._set_verdict_metrics()
+            self.metrics.set_verdict(self.state)
         if changed is None:
             return None
         report = SmokeReport(passed=False, diagnosis=diagnosis, cases=[])
@@ -337,14 +316,16 @@ class Canary:
             self.progress.forget()
             self._waiting_since = None
 
-    def stuck(self, now: float | None = None) -> str | None:
-        """Why the canary's own runs have stopped advancing (a run past its deadlines, or no run for
-        longer than the interval allows), or None while they advance."""
+    def stuck(self, now: float | None = None, run_only: bool = False) -> str | None:
+        """Why the canary's own runs have stopped advancing (a run past its deadlines, or, unless
+        `run_only`, no run for longer than the interval allows), or None while they advance."""
         moment = time.monotonic() if now is None else now
         with self._lock:
             if self._run_deadline is not None and self._run_since is not None:
                 if moment > self._run_deadline:
                     return f"the canary's run has not ended after {moment - self._run_since:.0f} s (stuck)"
+                return None
+            if run_only:
                 return None
             quiet = moment - self._last_beat
         allowed = self.config.every_s + self.config.timeout_s + defaults.RUN_GRACE_S
@@ -382,7 +363,7 @@ class Canary:
             self._waiting_since = None
             changed = self.state.restarted()
             if changed is not None:
-                self._set_verdict_metrics()
+                self.metrics.set_verdict(self.state)
                 self.metrics.misses.set(0)
         if changed is not None:
             self._store_row(
@@ -392,18 +373,40 @@ class Canary:
         return changed
 
     def watch_restarts(self, stop: threading.Event, poll_s: float = defaults.RESTART_POLL_S) -> None:
-        """Poll the server's /health; when it comes back after going away, `server_restarted()`."""
-        from deploykit.canary.discovery import server_health_ok
+        """`loop.watch_restarts`: a server that came back after going away starts the canary afresh."""
+        from deploykit.canary.loop import watch_restarts
 
-        was_up: bool | None = None
-        while not stop.is_set():
-            up = server_health_ok(self.config.url, min(poll_s, 5.0))
-            if up and was_up is False:
-                changed = self.server_restarted()
-                if changed is not None:
-                    self._warn("the server restarted: the canary starts afresh")
-            was_up = up
-            stop.wait(poll_s)
+        watch_restarts(self, stop, poll_s)
+
+    def misconfigured(self, diagnosis: str) -> Status | None:
+        """The canary cannot judge for a reason of its own: a `misconfigured` verdict (never `healthy`,
+        never a reason to restart vLLM), a row and a warning line when it changed or its reason did."""
+        from deploykit.smoke import SmokeReport
+
+        now = self.clock()
+        with self._lock:
+            said = self.state.diagnosis if self.state.misconfigured else None
+            changed = self.state.observe_misconfigured(diagnosis)
+            self.metrics.set_verdict(self.state)
+        if changed is not None:
+            self._store_row(f"state:{changed}", SmokeReport(passed=False, diagnosis=diagnosis, cases=[]), now)
+        if self.state.misconfigured and diagnosis != said:
+            self._warn(f"MISCONFIGURED: {diagnosis} (vLLM is left alone: this is no reason to restart it)")
+        self.write_verdict()
+        return changed
+
+    def refresh_api_key(self) -> None:
+        """With `api_key_file`, the key as the file says now (a CanaryError when it cannot be read)."""
+        if self.config.api_key_file is not None:
+            from deploykit.canary.api_key import read_api_key_file
+
+            self.config.api_key = read_api_key_file(self.config.api_key_file)
+
+    def abandon_run(self) -> None:
+        """The run in flight is given up (the loop's `run_stoppable`): nothing waits on it any more."""
+        with self._lock:
+            self._run_since = self._run_deadline = self._waiting_since = None
+            self._last_beat = time.monotonic()
 
     def health(self) -> tuple[bool, str]:
         with self._lock:
@@ -468,55 +471,16 @@ class Canary:
             return
         with self._verdict_lock:
             self.sequence += 1
-            try:
-                write_verdict_file(path, self.verdict())
-            except OSError as exc:
-                # Without the file names: the temporary file's name changes from one try to the next.
-                error = (
-                    f"refused: {exc.strerror}, left alone"
-                    if isinstance(exc, ForeignVerdictPath)
-                    else f"{type(exc).__name__}: {exc.strerror or exc}"
-                )
-                if error != self._verdict_error:
-                    self._warn(f"the verdict file {path} could not be written ({error}); the canary goes on")
-                self._verdict_error = error
-                return
-            if self._verdict_error is not None:
-                self._warn(f"the verdict file {path} is written again")
-                self._verdict_error = None
+            self._verdict_error = write_or_warn(path, self.verdict(), self._verdict_error, self._warn)
 
     def _warn(self, message: str) -> None:
         if self.on_warning is not None:
             self.on_warning(message)
 
+    warn = _warn
+
     def run_forever(self, stop: threading.Event) -> None:
-        """A run every `every_s` seconds (measured start to start; a slow run is followed at once). The
-        verdict file says `starting` before the first run. Each run goes on a thread of its own, so `stop`
-        ends the loop within `STOP_POLL_S` even mid-request (the abandoned run's answers are not judged);
-        a run's exception is raised here."""
-        self.write_verdict()
-        next_at = time.monotonic()
-        while not stop.is_set():
-            self._run_stoppable(stop)
-            next_at = max(next_at + self.config.every_s, time.monotonic())
-            stop.wait(max(0.0, next_at - time.monotonic()))
+        """`loop.run_forever` with this canary's `keep_running`."""
+        from deploykit.canary.loop import run_forever
 
-    def _run_stoppable(self, stop: threading.Event) -> None:
-        cancel = threading.Event()
-        failure: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                self._run(cancel)
-            except BaseException as exc:  # handed to the loop, which raises it
-                failure.append(exc)
-
-        thread = threading.Thread(target=run, name=f"deploykit-canary-run-{self.runs + 1}", daemon=True)
-        thread.start()
-        while thread.is_alive():
-            if stop.is_set():
-                cancel.set()
-                return
-            thread.join(STOP_POLL_S)
-        if failure:
-            raise failure[0]
+        run_forever(self, stop, keep_running=self.config.keep_running)

@@ -6,6 +6,12 @@ counted), healthy again only once a whole rotation has passed in a row. A hung e
 no token produced for `defaults.HUNG_AFTER_S`; `deploykit.canary.progress` measures it) is `hung` at once:
 not corruption, not a miss streak, but a server that only a restart brings back; a passing run, or the
 server's restart, clears it. Corruption beats hung.
+
+An answer that says the canary itself is set up wrong (HTTP 400, 401, 403, 404, 413, 422: a prompt longer than
+the server's `--max-model-len`, a key the server does not take, a served name or adapter it does not serve)
+is `misconfigured` at once: not healthy (nothing was judged), not corruption (the server answered the canary
+correctly), so nothing restarts vLLM on it (issue 34). A `corrupt` or `hung` verdict stays through it; a
+passing run clears it.
 """
 
 from __future__ import annotations
@@ -14,20 +20,39 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from deploykit.canary.defaults import MISS_LIMIT
+from deploykit.smoke.judge import OUT_OF_RANGE_HINTS
 
 if TYPE_CHECKING:
     from deploykit.smoke import SmokeReport
+    from deploykit.smoke.models import CaseResult
 
-Status = Literal["starting", "healthy", "corrupt", "unreachable", "hung"]
-Outcome = Literal["pass", "wrong", "miss"]
+Status = Literal["starting", "healthy", "corrupt", "unreachable", "hung", "misconfigured"]
+Outcome = Literal["pass", "wrong", "miss", "misconfigured"]
 Cause = Literal["probe", "live_nan"]
 
 
+MISCONFIGURED_HTTP = frozenset({400, 401, 403, 404, 413, 422})
+"""HTTP statuses that refuse the canary's request itself (its length, key, model name or shape): they say
+the canary and the server disagree about the setup, not that the server computes wrong answers."""
+
+
+def misconfigured_case(case: CaseResult) -> bool:
+    """A failed case whose answer refused the request (`MISCONFIGURED_HTTP`) and says nothing of NaN or
+    infinite numbers (vLLM answers 400 when it cannot encode such a result: that stays corruption)."""
+    if case.passed or case.miss or case.http_status not in MISCONFIGURED_HTTP:
+        return False
+    return not any(hint in case.diagnosis.lower() for hint in OUT_OF_RANGE_HINTS)
+
+
 def outcome_of(report: SmokeReport) -> Outcome:
-    """Wrong beats miss: one wrong answer is corruption even when another request timed out."""
-    if any(not case.passed and not case.miss for case in report.cases) or not report.cases:
+    """Wrong beats misconfigured beats miss: one wrong answer is corruption even when another request timed
+    out or was refused; a run none of whose answers could be judged is never a pass."""
+    failed = [case for case in report.cases if not case.passed]
+    if not report.cases or any(not case.miss and not misconfigured_case(case) for case in failed):
         return "wrong"
-    if any(not case.passed for case in report.cases):
+    if any(misconfigured_case(case) for case in failed):
+        return "misconfigured"
+    if failed:
         return "miss"
     return "pass"
 
@@ -56,6 +81,19 @@ class CanaryState:
     @property
     def hung(self) -> bool:
         return self.status == "hung"
+
+    @property
+    def misconfigured(self) -> bool:
+        return self.status == "misconfigured"
+
+    def observe_misconfigured(self, diagnosis: str) -> Status | None:
+        """The canary cannot judge for a reason of its own (its setup, its key, its own failure): say so,
+        unless the server is already known corrupt or hung (those verdicts stay: they restart it)."""
+        if self.status in ("corrupt", "hung"):
+            return None
+        before = self.status
+        self.status, self.consecutive_misses, self.diagnosis = "misconfigured", 0, diagnosis
+        return self.status if self.status != before else None
 
     def observe_hung(self, diagnosis: str) -> Status | None:
         """The engine made no progress for the bound while requests waited on it: `hung`, unless the
@@ -94,6 +132,8 @@ class CanaryState:
             self.status, self.passes_since_wrong, self.consecutive_misses = "corrupt", 0, 0
             self.cause = "probe"
             self.diagnosis = f"{case}: {diagnosis}"
+        elif outcome == "misconfigured":
+            return self.observe_misconfigured(f"{case}: {diagnosis}")
         elif outcome == "miss":
             self.consecutive_misses += 1
             if self.status not in ("corrupt", "hung") and self.consecutive_misses >= self.miss_limit:

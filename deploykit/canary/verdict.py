@@ -16,6 +16,7 @@ import json
 import os
 import stat
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 FORMAT = "deploykit-canary-verdict/1"
@@ -94,3 +95,25 @@ def write_verdict_file(path: str | os.PathLike[str], verdict: dict[str, Any]) ->
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
+
+
+def write_or_warn(
+    path: str, verdict: dict[str, Any], last_error: str | None, warn: Callable[[str], None]
+) -> str | None:
+    """`write_verdict_file`, a failure turned into a warning (once per streak of the same failure), never
+    the end of the checking. Returns the failure now (None: written), for the next call's `last_error`."""
+    try:
+        write_verdict_file(path, verdict)
+    except OSError as exc:
+        # Without the file names: the temporary file's name changes from one try to the next.
+        error = (
+            f"refused: {exc.strerror}, left alone"
+            if isinstance(exc, ForeignVerdictPath)
+            else f"{type(exc).__name__}: {exc.strerror or exc}"
+        )
+        if error != last_error:
+            warn(f"the verdict file {path} could not be written ({error}); the canary goes on")
+        return error
+    if last_error is not None:
+        warn(f"the verdict file {path} is written again")
+    return None

@@ -51,6 +51,15 @@ def canary(
     api_key_env: Annotated[
         str | None, typer.Option("--api-key-env", help="Environment variable holding the API key.")
     ] = None,
+    api_key_file: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key-file",
+            metavar="PATH",
+            help="File holding the API key (a mounted Secret), read again before every run: a rotated key "
+            "is picked up without a restart. Wins over --api-key-env.",
+        ),
+    ] = None,
     timeout: Annotated[
         float | None,
         typer.Option(
@@ -95,6 +104,16 @@ def canary(
             "(python3 -m deploykit.render.pod_probe). A failed write is a warning, never a stop.",
         ),
     ] = None,
+    keep_running: Annotated[
+        bool,
+        typer.Option(
+            "--keep-running",
+            help="Never end on the canary's own trouble: a key the server refuses, a served name or adapter "
+            "it does not serve, a request it refuses as too long, a profile that cannot be read, a failure "
+            "of the canary itself are a `misconfigured` verdict and a warning line, tried again every "
+            "interval (never a reason to restart vLLM). The chart's and the units' canary run with it.",
+        ),
+    ] = False,
 ) -> None:
     """Send a rotation of cheap smoke cases every S seconds; /healthz turns 503 once the output is wrong.
 
@@ -117,6 +136,8 @@ def canary(
         watch_restarts=watch_restarts,
         verdict_file=verdict_file,
         metrics_every_s=metrics_every,
+        api_key_file=api_key_file,
+        keep_running=keep_running,
     )
 
     def say(line: str) -> None:

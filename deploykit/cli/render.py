@@ -30,7 +30,7 @@ ForceOption = Annotated[
     typer.Option(
         "--force",
         help="Overwrite files in --out that were changed since deploykit wrote them (a filled-in secrets "
-        "file is kept even so).",
+        "file is kept even so), and render a profile whose `requires` the facts fail (a warning then).",
     ),
 ]
 
@@ -46,14 +46,19 @@ def _render(
 ) -> None:
     """Open the profile, plan it for the target, render, then print the warnings and the written paths."""
     from deploykit.cli.options import fail, gather_facts, open_profile, parse_fix_overrides
-    from deploykit.render.common import RenderError, plan_for_render, write_files
+    from deploykit.render.common import RenderError, plan_for_render, requirements_refusal, write_files
 
     loaded = open_profile(profile)
     try:
         plan = plan_for_render(loaded, gather_facts(facts), parse_fix_overrides(fix))
+        refused = requirements_refusal(plan)
+        if refused is not None and not force:
+            fail(f"render {kind}: {refused} (--force renders it anyway)")
         result = render(plan, loaded)
     except RenderError as exc:
         fail(f"render {kind}: {exc}")
+    if refused is not None:
+        typer.echo(f"deploykit render: warning: {refused}, rendered anyway (--force)", err=True)
     for warning in result.warnings:
         typer.echo(f"deploykit render: warning: {warning}", err=True)
     try:
@@ -81,23 +86,39 @@ def render_systemd(
             "(default: this deploykit's environment).",
         ),
     ] = None,
+    gpus: Annotated[
+        str | None,
+        typer.Option(
+            "--gpus",
+            metavar="I,J",
+            help="The GPU indices the server unit opens (default: 0..N-1 for the N GPUs the plan needs): "
+            "give each profile on one host its own. Units already in --out that open the same GPU are "
+            "named in a warning.",
+        ),
+    ] = None,
 ) -> None:
     """A hardened service unit, a smoke companion, a secrets file template and a sysusers entry."""
     import sys
 
-    from deploykit.render.systemd import SystemdOptions
+    from deploykit.cli.options import fail
+    from deploykit.render.common import RenderError
+    from deploykit.render.systemd import SystemdOptions, unit_name
     from deploykit.render.systemd import render_systemd as render
+    from deploykit.render.unit_gpus import overlapping_units, parse_gpus
 
     target = (prefix or Path(sys.prefix)).absolute()
-    _render(
-        "systemd",
-        profile,
-        out,
-        facts,
-        fix,
-        lambda plan, loaded: render(plan, loaded, SystemdOptions(prefix=target)),
-        force,
-    )
+    try:
+        chosen = parse_gpus(gpus)
+    except RenderError as exc:
+        fail(f"render systemd: {exc}")
+
+    def render_units(plan: Plan, loaded: LoadedProfile) -> RenderResult:
+        result = render(plan, loaded, SystemdOptions(prefix=target, gpus=chosen))
+        opened = result.gpus if result.gpus is not None else []
+        result.warnings += overlapping_units(out, unit_name(loaded), opened)
+        return result
+
+    _render("systemd", profile, out, facts, fix, render_units, force)
 
 
 @render_app.command("helm")

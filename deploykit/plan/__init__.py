@@ -9,6 +9,7 @@ target vLLM's parser (validate.py). What other packages use is named here.
 from __future__ import annotations
 
 from deploykit.advisories import Advice, ComputeDtype, FixCall, advise, deployment_facts, mode_errors
+from deploykit.driver_cuda import driver_warning
 from deploykit.fixes import FIX_NAMES as FIX_NAMES  # `--fix NAME=...` checks names against these
 from deploykit.fixes import load_fix
 from deploykit.fixes.base import Decision, DecisionInputs, FixDecision, effective_runner
@@ -103,6 +104,8 @@ def make_plan(
         warnings.extend(f"requires: {p}" for p in requires.problems)
     if requires.status == "unchecked":
         warnings.extend(requires.notes)
+    if driver := driver_warning(facts, inputs.vllm_version, profile.platform):
+        warnings.append(driver)
     if facts.gpus and is_cpu_build(inputs.vllm_version):
         warnings.append(
             f"the facts show {len(facts.gpus)} GPU(s) but the target vLLM {inputs.vllm_version} is a CPU "

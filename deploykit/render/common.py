@@ -42,6 +42,8 @@ class RenderResult(BaseModel):
 
     files: list[RenderedFile]
     warnings: list[str] = []
+    gpus: list[int] | None = None
+    """The GPU indices a systemd server unit opens (None: not a systemd rendering)."""
 
 
 def template_root() -> Path:
@@ -130,3 +132,12 @@ def write_files(result: RenderResult, out_dir: Path, *, force: bool = False) -> 
     except OSError as exc:
         where = exc.filename or out_dir
         raise RenderError(f"--out {out_dir}: cannot write {where}: {exc.strerror}") from None
+
+
+def requirements_refusal(plan: Plan) -> str | None:
+    """Why a plan must not be rendered without `--force`: the profile's `requires` fail for the facts (a
+    Hopper-only profile on an A100, tensor parallelism 16 on 8 GPUs): the unit or the pod could never run
+    there (a pod asking for 16 GPUs stays Pending for ever). None when they pass or were not checked."""
+    if plan.requires.status != "incompatible":
+        return None
+    return f"the profile's requires fail for these facts: {'; '.join(plan.requires.problems)}"

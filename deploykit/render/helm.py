@@ -15,6 +15,7 @@ import yaml
 
 from deploykit import net
 from deploykit.canary import defaults as canary_defaults
+from deploykit.driver_cuda import with_driver_expression
 from deploykit.render.common import (
     RenderedFile,
     RenderError,
@@ -303,6 +304,7 @@ def chart_values(plan: Plan, loaded: LoadedProfile, wheel: PluginWheel) -> tuple
     count = gpu_count(plan, loaded)
     cache_path = profile.deploy.cache_dir.rstrip("/")
     terms, affinity_warnings = gpu_node_terms(plan, loaded) if count else ([], [])
+    terms = with_driver_expression(terms, plan.vllm_version)  # nodes whose driver runs the wheel's CUDA
     env = {"HF_HOME": f"{cache_path}/huggingface", "VLLM_CACHE_ROOT": f"{cache_path}/vllm"}
     env.update({key: kubernetes_literal(value) for key, value in plain_env(plan).items()})
     resources = vllm_resources(count)

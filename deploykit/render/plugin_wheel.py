@@ -44,11 +44,11 @@ _PACKAGE_SUFFIXES = (".py", ".typed")
 # What the pod runs: the plugin, the canary, the smoke (`deploykit smoke --url`: serve/remote_smoke.py; it
 # plans, to know the fixes to expect) and the exec probes. Nothing in the pod renders, traces or launches
 # vLLM itself (`deploykit serve`: serve/attempt.py, serving mode's serve/watch.py), and it reads its profile
-# from a file, so the templates, the shipped profiles, render's modules but the probe, trace/ and those two
+# from a file, so the templates, the shipped profiles, render's modules but the probes, trace/ and those two
 # stay out of a wheel that must fit a Helm release (MAX_WHEEL_BYTES). tests/test_sidecar_imports.py runs the
 # canary and smoke from this wheel with nothing else to import from.
 POD_DATA: tuple[str, ...] = ()
-_POD_RENDER_MODULES = {"__init__.py", "pod_probe.py"}
+_POD_RENDER_MODULES = {"__init__.py", "pod_probe.py", "pod_restarts.py"}  # the probes and their restart cap
 _LEFT_OUT_PACKAGES = {"trace"}
 _LEFT_OUT_MODULES = {("serve", "attempt.py"), ("serve", "watch.py")}
 # The METADATA headers a pod reads (importlib.metadata: the name, the version, the requirements); the rest

@@ -7,7 +7,10 @@ pulled yet or slow. This one asks vLLM's own `/health`, then reads the verdict t
 fail the probe only when it is fresh: written after this vLLM process started, and not too long ago.
 
     python3 -m deploykit.render.pod_probe live|ready --health-url http://127.0.0.1:8000/health \\
-        --verdict-file /run/deploykit/verdict.json [--timeout 5] [--max-verdict-age 600]
+        --verdict-file /run/deploykit/verdict.json [--timeout 5] [--max-verdict-age 600] \\
+        [--ledger-dir /run/deploykit-ledger]
+    python3 -m deploykit.render.pod_probe canary --verdict-file /run/deploykit/verdict.json \\
+        --max-verdict-age 600      (the canary container's own liveness)
 
 | situation                                                     | live | ready |
 |---------------------------------------------------------------|------|-------|
@@ -19,7 +22,12 @@ fail the probe only when it is fresh: written after this vLLM process started, a
 | fresh `hung` (requests waited, no token produced)             | fail | fail  |
 | fresh `unreachable`                                           | pass | fail  |
 | fresh `unknown` (the canary stopped or crashed)               | pass | fail  |
+| fresh `misconfigured` (the canary's setup, not vLLM's output)  | pass | pass  |
 | fresh `starting` or `healthy`                                 | pass | pass  |
+
+With `--ledger-dir`, a liveness failure on a fresh `corrupt` or `hung` verdict is a corruption restart,
+counted (once per vLLM process) and capped: past 3 within an hour liveness passes and readiness fails for
+that process, saying so (`pod_restarts`), so vLLM is never restarted in a loop.
 
 Exit 0 passes, 1 fails; one line says why (the kubelet shows it in the pod's events). Standard library only,
 and nothing else of deploykit but its exit statuses (deploykit.exit_codes, itself standard library only): it
@@ -30,6 +38,7 @@ runs in the vLLM image, with deploykit on PYTHONPATH as a zipped wheel.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -61,7 +70,9 @@ MAX_REASON_CHARS = 400
 
 # The statuses `deploykit canary` writes (deploykit.canary.state.Status: render must not import the canary).
 # `unknown` is the last verdict of a canary that stopped or crashed (deploykit.canary.runner.final_verdict).
-STATUSES = frozenset({"starting", "healthy", "corrupt", "unreachable", "hung", "unknown"})
+# `misconfigured` (the canary's own setup: a key refused, a name not served, a request refused as too long)
+# fails neither probe: it says nothing of vLLM's output, and it is not `healthy` either (issue 34).
+STATUSES = frozenset({"starting", "healthy", "corrupt", "unreachable", "hung", "unknown", "misconfigured"})
 # Which fresh statuses fail which probe. Liveness restarts the container: only corruption and a hung engine
 # (which only a restart brings back; its /health may say 200 for hours) are worth that. Readiness only stops
 # routing: a server the canary cannot get answers from, or that nothing judges any more, gets no traffic.
@@ -75,6 +86,8 @@ FAILING: dict[Mode, frozenset[str]] = {
 class Decision:
     passed: bool
     reason: str
+    verdict_failed: bool = False
+    """The failure is the canary's fresh verdict (corrupt, hung, ...), not vLLM's own /health."""
 
 
 def decide(
@@ -112,8 +125,28 @@ def decide(
         )
     if status in FAILING[mode]:
         diagnosis = verdict.get("diagnosis")
-        return Decision(False, _one_line(f"canary says {status} ({max(age, 0):.0f} s ago): {diagnosis}"))
+        reason = _one_line(f"canary says {status} ({max(age, 0):.0f} s ago): {diagnosis}")
+        return Decision(False, reason, verdict_failed=True)
     return Decision(True, f"vLLM up; canary says {status} ({max(age, 0):.0f} s ago)")
+
+
+def decide_canary(
+    *, verdict_mtime: float | None, process_start: float | None, now: float, max_verdict_age_s: float
+) -> Decision:
+    """The canary container's own liveness (`canary` mode): it fails only when the canary has neither
+    rewritten its verdict nor started within `max_verdict_age_s` (it rewrites after every run, and every
+    try while `misconfigured`), so the kubelet restarts a hung canary, and only it."""
+    times = [t for t in (verdict_mtime, process_start) if t is not None]
+    if not times:
+        return Decision(True, "no verdict and no start time to judge the canary by: left alone")
+    quiet = now - max(times)
+    if quiet > max_verdict_age_s:
+        return Decision(
+            False,
+            f"the canary has not rewritten its verdict for {quiet:.0f} s (over {max_verdict_age_s:g} s): it "
+            "is hung; restarting the canary only (vLLM's probes ignore a stale verdict)",
+        )
+    return Decision(True, f"the canary wrote its verdict {max(quiet, 0):.0f} s ago")
 
 
 def _one_line(text: str) -> str:
@@ -216,15 +249,56 @@ def process_start_time(
     return btime + start_ticks / ticks
 
 
+def capped(
+    mode: Mode,
+    decision: Decision,
+    ledger_dir: str,
+    start: float,
+    now: float,
+    max_restarts: int,
+    window_s: float,
+) -> Decision:
+    """The decision under the corruption-restart cap (`pod_restarts`): liveness about to fail on the canary's
+    verdict counts the restart, or holds it past the cap; readiness fails for a process the cap held."""
+    try:
+        from deploykit.render import pod_restarts
+    except ImportError as exc:  # a wheel without it: no cap, as before the cap existed (never a crash)
+        return Decision(decision.passed, _one_line(f"{decision.reason} (no restart cap: {exc})"))
+    try:
+        if mode == "live" and decision.verdict_failed:
+            restart, why = pod_restarts.restart_or_hold(ledger_dir, start, now, max_restarts, window_s)
+            if not restart:
+                return Decision(True, _one_line(f"{decision.reason}; but {why}"))
+            return Decision(False, _one_line(f"{decision.reason} ({why})"), verdict_failed=True)
+        if mode == "ready":
+            held = pod_restarts.capped_reason(ledger_dir, start, now, window_s, max_restarts)
+            if held is not None:
+                return Decision(False, _one_line(f"{held}; {decision.reason}"))
+    except OSError as exc:
+        if mode == "live" and decision.verdict_failed:
+            # Fail closed: without the ledger the cap cannot hold, so no uncounted restart (readiness
+            # still fails on the same verdict).
+            return Decision(
+                True,
+                _one_line(
+                    f"{decision.reason}; but the restart ledger in {ledger_dir} cannot be used "
+                    f"({exc.strerror or exc}): vLLM is not restarted uncounted, it stays out of the Service"
+                ),
+            )
+    return decision
+
+
 def main(argv: list[str] | None = None, clock: Callable[[], float] = time.time) -> int:
     parser = argparse.ArgumentParser(
         prog="python3 -m deploykit.render.pod_probe",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("mode", choices=("live", "ready"))
     parser.add_argument(
-        "--health-url", required=True, help="vLLM's /health, e.g. http://127.0.0.1:8000/health"
+        "mode", choices=("live", "ready", "canary"), help="vLLM's liveness or readiness, or the canary's own"
+    )
+    parser.add_argument(
+        "--health-url", help="vLLM's /health, e.g. http://127.0.0.1:8000/health (live and ready)"
     )
     parser.add_argument(
         "--verdict-file", required=True, help="the file `deploykit canary --verdict-file` writes"
@@ -242,20 +316,46 @@ def main(argv: list[str] | None = None, clock: Callable[[], float] = time.time) 
         "--pid", type=int, default=1, help="the process whose restart makes a verdict stale (default: 1)"
     )
     parser.add_argument("--proc-root", default="/proc", help="where /proc is (default: %(default)s)")
+    parser.add_argument(
+        "--ledger-dir",
+        help="a directory that outlives the vLLM container (the pod's emptyDir): corruption restarts are "
+        "counted there and capped (deploykit.render.pod_restarts); without it, no cap",
+    )
+    parser.add_argument("--max-restarts", type=int, default=3, help="per window (default: %(default)s)")
+    parser.add_argument("--window-s", type=float, default=3600.0, help="the window (default: %(default)s)")
     args = parser.parse_args(argv)
+    if args.mode == "canary":
+        _verdict, written = read_verdict(args.verdict_file)
+        if written is None:
+            with contextlib.suppress(OSError):
+                written = os.stat(args.verdict_file, follow_symlinks=False).st_mtime
+        own = decide_canary(
+            verdict_mtime=written,
+            process_start=process_start_time(args.pid, args.proc_root),
+            now=clock(),
+            max_verdict_age_s=args.max_verdict_age,
+        )
+        print(f"canary: {'pass' if own.passed else 'FAIL'}: {own.reason}", flush=True)
+        return 0 if own.passed else 1
+    if args.health_url is None:
+        parser.error(f"{args.mode} needs --health-url")
     mode: Mode = args.mode
     healthy, detail = check_health(args.health_url, args.timeout)
     verdict, mtime = read_verdict(args.verdict_file) if healthy else (None, None)
+    start = process_start_time(args.pid, args.proc_root) if verdict is not None else None
+    now = clock()
     decision = decide(
         mode,
         health_ok=healthy,
         verdict=verdict,
         verdict_mtime=mtime,
-        process_start=process_start_time(args.pid, args.proc_root) if verdict is not None else None,
-        now=clock(),
+        process_start=start,
+        now=now,
         max_verdict_age_s=args.max_verdict_age,
         health_detail=detail,
     )
+    if args.ledger_dir and start is not None:
+        decision = capped(mode, decision, args.ledger_dir, start, now, args.max_restarts, args.window_s)
     print(f"{mode}: {'pass' if decision.passed else 'FAIL'}: {decision.reason}", flush=True)
     return exit_codes.OK if decision.passed else exit_codes.FAILED
 

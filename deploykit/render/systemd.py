@@ -25,6 +25,7 @@ from deploykit.render.common import (
     plain_env,
 )
 from deploykit.render.on_corruption import LEDGER_DIR, RESTART_EXIT_STATUSES
+from deploykit.render.unit_gpus import check_prefix_visible, unit_gpus
 
 if TYPE_CHECKING:
     from deploykit.plan import Plan
@@ -53,6 +54,8 @@ class SystemdOptions(BaseModel):
 
     prefix: Path
     """The environment (virtualenv or system prefix) whose bin/ holds vllm, deploykit and python."""
+    gpus: list[int] | None = None
+    """The GPU indices the server unit opens (`render systemd --gpus`); None: 0..N-1."""
 
 
 class SecretLine(BaseModel):
@@ -81,18 +84,18 @@ def unit_name(loaded: LoadedProfile) -> str:
     return f"deploykit-{loaded.profile.name}"
 
 
-def device_nodes(count: int, facts_mig: bool) -> list[str]:
+def device_nodes(gpus: list[int], facts_mig: bool) -> list[str]:
     """NVIDIA nodes a CUDA process opens: the control and UVM nodes, one node per GPU used."""
-    if count == 0:
+    if not gpus:
         return []
     nodes = ["/dev/nvidiactl rw", "/dev/nvidia-uvm rw", "/dev/nvidia-uvm-tools rw"]
-    nodes += [f"/dev/nvidia{index} rw" for index in range(count)]
+    nodes += [f"/dev/nvidia{index} rw" for index in gpus]
     if facts_mig:
         nodes.append("char-nvidia-caps r")
     return nodes
 
 
-def service_environment(plan: Plan, loaded: LoadedProfile, state_dir: str, count: int) -> dict[str, str]:
+def service_environment(plan: Plan, loaded: LoadedProfile, state_dir: str, gpus: list[int]) -> dict[str, str]:
     """HOME and caches inside the writable paths, the GPUs the unit may open; the plan's own env wins."""
     cache_dir = loaded.profile.deploy.cache_dir.rstrip("/")
     env = {
@@ -101,10 +104,10 @@ def service_environment(plan: Plan, loaded: LoadedProfile, state_dir: str, count
         "HF_HOME": f"{cache_dir}/huggingface",
         "VLLM_CACHE_ROOT": f"{cache_dir}/vllm",
     }
-    if count:
+    if gpus:
         # Only the GPUs that DeviceAllow= opens, in the order nvidia-smi and the device nodes use.
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(count))
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpus)
     env.update(plain_env(plan))
     return env
 
@@ -194,12 +197,14 @@ def render_systemd(plan: Plan, loaded: LoadedProfile, options: SystemdOptions) -
     if plan.argv[:2] != ["vllm", "serve"]:
         raise RenderError(f"the plan's argv does not start with `vllm serve`: {plan.argv[:2]}")
     check_prefix_sees_plugin(options.prefix)
+    check_prefix_visible(options.prefix)
     unit = unit_name(loaded)
     smoke_unit = f"{unit}-smoke"
     state_dir_name = unit
     state_dir = f"/var/lib/{state_dir_name}"
     bin_dir = options.prefix / "bin"
     count = gpu_count(plan, loaded)
+    gpus = unit_gpus(options.gpus, count, len(plan.facts.gpus))
     mig = any(gpu.mig_mode == "enabled" for gpu in plan.facts.gpus)
     cache_dir = profile.deploy.cache_dir.rstrip("/")
     if not cache_dir.startswith("/"):
@@ -212,7 +217,7 @@ def render_systemd(plan: Plan, loaded: LoadedProfile, options: SystemdOptions) -
     profile_file = f"{ENV_DIR}/{profile.name}.yaml"
     url = smoke_url(loaded)
     secrets = secret_lines(plan)
-    environment = service_environment(plan, loaded, state_dir, count)
+    environment = service_environment(plan, loaded, state_dir, gpus)
     wait_health = [
         str(bin_dir / "python"),
         "-m",
@@ -231,6 +236,9 @@ def render_systemd(plan: Plan, loaded: LoadedProfile, options: SystemdOptions) -
     canary_argv = [str(bin_dir / "deploykit"), "canary", "--url", url, "--profile", profile_file]
     listen = canary_listen(loaded)
     canary_argv += ["--every", str(CANARY_EVERY_S), "--listen", listen, "--exit-on-corruption"]
+    # Its own trouble (a key the server refuses, a name it does not serve) is a `misconfigured` verdict and a
+    # journal line, never an exit (exit 3 restarts the server; issue 34).
+    canary_argv += ["--keep-running"]
     if "VLLM_API_KEY" in plan.secret_env:
         canary_argv += ["--api-key-env", "VLLM_API_KEY"]
     # `python -I`: run as root in the state directory (which the service user writes), so nothing there, nor
@@ -265,7 +273,7 @@ def render_systemd(plan: Plan, loaded: LoadedProfile, options: SystemdOptions) -
         "env_file": env_file,
         "env_file_line": env_file if plan.secret_env else f"-{env_file}",
         "environment": [escape.systemd_environment(k, v) for k, v in environment.items()],
-        "device_allow": device_nodes(count, mig),
+        "device_allow": device_nodes(gpus, mig),
         "secrets": secrets,
         "smoke_ip_allow": smoke_ip_allow(loaded),
         "canary_unit": canary_unit,
@@ -311,5 +319,5 @@ def render_systemd(plan: Plan, loaded: LoadedProfile, options: SystemdOptions) -
     ]
     warnings = list(plan.warnings)
     if plan.platform == "cuda" and not plan.facts.gpus:
-        warnings.append(f"no GPU facts: the unit allows GPUs 0..{count - 1} by index")
-    return RenderResult(files=files, warnings=warnings)
+        warnings.append(f"no GPU facts: the unit allows GPUs {','.join(map(str, gpus))} by index")
+    return RenderResult(files=files, warnings=warnings, gpus=gpus)

@@ -122,6 +122,11 @@ class CanaryWatch:
             self.corrupt.set()
         elif summary.outcome == "miss":
             self.ui.say(f"canary run {summary.number + 1} {summary.case}: miss: {summary.report.diagnosis}")
+        elif summary.outcome == "misconfigured":  # the canary's setup, not the server's output: no restart
+            self.ui.warn(
+                f"canary run {summary.number + 1} {summary.case}: MISCONFIGURED: {summary.report.diagnosis} "
+                "(no reason to restart vLLM)"
+            )
         if summary.changed is not None:
             healthy, text = self.canary.health()
             self.ui.say(f"canary state: {text} (/healthz {200 if healthy else 503})")

@@ -22,7 +22,7 @@ from deploykit.smoke.models import (
     SmokeRequest,
 )
 
-_OUT_OF_RANGE_HINTS = ("out of range float", "not json compliant")
+OUT_OF_RANGE_HINTS = ("out of range float", "not json compliant")
 
 
 UNKNOWN_VOCAB_BOUND = 2**31
@@ -126,13 +126,16 @@ def http_problem(exchange: Exchange) -> str:
     """An HTTP error answer in words; an answer vLLM could not encode (NaN, Inf) says so."""
     message = _error_message(exchange)
     code = exchange.status_code
-    if any(hint in message.lower() for hint in _OUT_OF_RANGE_HINTS):
+    if any(hint in message.lower() for hint in OUT_OF_RANGE_HINTS):
         return (
             f"HTTP {code}: the server could not encode its answer because float values are out of range "
             f"({message}): the model produced NaN or infinite numbers"
         )
     hint = {
+        400: " (the server refused the request: a prompt longer than its --max-model-len, or a parameter it "
+        "does not take)",
         401: " (the API key is missing or wrong)",
+        403: " (the API key is not allowed here)",
         404: " (the served model or adapter name is not what the server serves)",
     }.get(code or 0, "")
     return f"HTTP {code}{hint}: {message}"
@@ -170,7 +173,7 @@ def judge(
     if exchange.status_code != 200:
         result.diagnosis = http_problem(exchange)
         busy = (exchange.status_code or 0) >= 500 or exchange.status_code == 429
-        result.miss = busy and not any(hint in result.diagnosis.lower() for hint in _OUT_OF_RANGE_HINTS)
+        result.miss = busy and not any(hint in result.diagnosis.lower() for hint in OUT_OF_RANGE_HINTS)
         return result
     body = exchange.body
     if not isinstance(body, dict) or not isinstance(body.get("choices"), list) or not body["choices"]:

@@ -140,6 +140,12 @@ class ChartPod:
         (mount,) = [m for m in mounts if m["Destination"] == "/run/deploykit"]
         return Path(mount["Source"])
 
+    def volume_source(self, container: str, destination: str) -> Path:
+        """The host directory behind one of `container`'s mounts."""
+        mounts = self.runtime.inspect_raw(container)["Mounts"]
+        (mount,) = [m for m in mounts if m["Destination"] == destination]
+        return Path(mount["Source"])
+
     def probe(self, kind: str) -> int:
         """Run the vLLM container's readiness or liveness command as declared, inside it."""
         command = self.container_spec("vllm")[f"{kind}Probe"]["exec"]["command"]
@@ -213,14 +219,24 @@ def chart_pod(
     # world-writable (0777) before any container runs, which is what lets vLLM, run non-root under Pod
     # Security "restricted", write its HOME, its cache and /dev/shm. The played copy backs those three by host
     # directories made 0777 first, as kubelet would make them (shm_open needs no tmpfs, only the directory).
+    key = base64.b16encode(os.urandom(12)).decode().lower()
     for volume in spec["volumes"]:
+        if volume["name"] == "canary-key":
+            # podman 4.3's kube play panics on a secret volume with `items`; kubelet writes the Secret's key
+            # as this file (and rewrites it when the Secret changes). The played copy mounts it so.
+            directory = tmp / "secret" / volume["name"]
+            directory.mkdir(parents=True)
+            (directory / "api-key").write_text(key)
+            for path in (directory, directory / "api-key"):
+                path.chmod(0o755 if path.is_dir() else 0o644)
+            volume.pop("secret")
+            volume["hostPath"] = {"path": str(directory), "type": "Directory"}
         if volume["name"] in ("home", "cache", "dshm"):
             directory = tmp / "emptydir" / volume["name"]
             directory.mkdir(parents=True)
             directory.chmod(0o777)
             volume.pop("emptyDir")
             volume["hostPath"] = {"path": str(directory), "type": "Directory"}
-    key = base64.b16encode(os.urandom(12)).decode().lower()
     pod_runtime.secret_create("demo-pod-secrets", {"VLLM_API_KEY": key})
     yaml_text = dump_kube_yaml(played)
     (pod,) = pod_runtime.play(yaml_text, extra_args=["--network", "none"], timeout=180)
@@ -229,6 +245,7 @@ def chart_pod(
     # podman creates an emptyDir as root, mode 0755; kubelet creates every emptyDir world-writable (0777),
     # which is what lets the canary (user 65534) write its verdict there. Done here as kubelet does.
     running.verdict_source().chmod(0o777)
+    running.volume_source(running.vllm, "/run/deploykit-ledger").chmod(0o777)  # the restart ledger, the same
 
     def started() -> bool:
         state = pod_runtime.inspect(running.vllm)
@@ -406,3 +423,29 @@ def test_the_failure_table_in_the_pod(chart_pod: ChartPod) -> None:
     # vLLM gave the canary no answer for a while: out of the Service, not restarted.
     write_verdict(directory, "unreachable")
     assert chart_pod.probe("liveness") == 0 and chart_pod.probe("readiness") == 1
+
+
+def test_a_misconfigured_canary_leaves_vllm_ready_and_the_restart_cap_holds(chart_pod: ChartPod) -> None:
+    """Issue 34, in the played pod (after the failure table stopped the canary): a `misconfigured` verdict
+    (a refused key, a wrong name) leaves vLLM live and ready; with 3 corruption restarts already in the
+    pod's ledger (the chart's emptyDir, written by the vLLM container's own liveness command), a fresh
+    `corrupt` verdict no longer fails liveness (no restart loop) and readiness fails with the cap's reason."""
+    runtime, directory = chart_pod.runtime, chart_pod.verdict_source()
+    write_verdict(directory, "misconfigured")
+    assert runtime.healthcheck_run(chart_pod.vllm) == 0
+    assert chart_pod.probe("liveness") == 0 and chart_pod.probe("readiness") == 0
+    ledger = chart_pod.volume_source(chart_pod.vllm, "/run/deploykit-ledger")
+    write_verdict(directory, "corrupt")
+    live = chart_pod.container_spec("vllm")["livenessProbe"]["exec"]["command"]
+    first = runtime.exec(chart_pod.vllm, live, timeout=60)
+    assert first.returncode == 1, first.stdout  # (the failure table's corrupt verdict counted it first)
+    assert (ledger / "corruption-restarts").read_text().count("restart ") == 1  # once per vLLM process
+    now = time.time()
+    earlier = "".join(f"restart {now - 900 + k:.2f} {now - 800 + k:.3f}\n" for k in range(3))
+    (ledger / "corruption-restarts").write_text(earlier)  # three earlier vLLM processes, this hour
+    write_verdict(directory, "corrupt")
+    held = runtime.exec(chart_pod.vllm, live, timeout=60)
+    assert held.returncode == 0 and "the cap is 3" in held.stdout, held.stdout
+    ready = chart_pod.container_spec("vllm")["readinessProbe"]["exec"]["command"]
+    out = runtime.exec(chart_pod.vllm, ready, timeout=60)
+    assert out.returncode == 1 and "delete the pod to start afresh" in out.stdout, out.stdout

@@ -37,6 +37,7 @@ T4_NODE = {
     "nvidia.com/gpu.family": "turing",
     "nvidia.com/gpu.memory": "15360",
     "nvidia.com/gpu.product": "Tesla-T4",
+    "nvidia.com/cuda.driver-version.major": "570",  # a driver that runs the vLLM wheel's CUDA 12
 }
 H100_NODE = {
     "nvidia.com/gpu.compute.major": "9",
@@ -44,12 +45,14 @@ H100_NODE = {
     "nvidia.com/gpu.family": "hopper",
     "nvidia.com/gpu.memory": "81559",
     "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+    "nvidia.com/cuda.driver-version.major": "570",
 }
 A10_NODE = {
     "nvidia.com/gpu.compute.major": "8",
     "nvidia.com/gpu.compute.minor": "6",
     "nvidia.com/gpu.family": "ampere",
     "nvidia.com/gpu.memory": "23028",
+    "nvidia.com/cuda.driver-version.major": "570",
 }
 INSTALL_HINT = (
     "run `bash tools/install-helm.sh` (VENV=<the venv running pytest>, default .venv) to install it"

@@ -49,7 +49,8 @@ def test_the_sidecar_runs_deploykit_canary_against_the_local_vllm(charts: dict[s
         "python3", "-m", "deploykit", "canary", "--url", f"http://127.0.0.1:{port}",
         "--profile", "/etc/deploykit/profile.yaml",
         "--listen", f"0.0.0.0:{canary_port}", "--every", "60", "--miss-limit", "5",
-        "--verdict-file", "/run/deploykit/verdict.json", "--no-store",
+        "--verdict-file", "/run/deploykit/verdict.json", "--no-store", "--keep-running",
+        "--api-key-file", "/etc/deploykit-key/api-key",
     ]  # fmt: skip
     assert canary["ports"] == [{"name": "canary", "containerPort": canary_port, "protocol": "TCP"}]
     env = {e["name"]: e for e in canary["env"]}
@@ -63,6 +64,29 @@ def test_the_sidecar_runs_deploykit_canary_against_the_local_vllm(charts: dict[s
     mounts = {c: {m["name"]: m for m in found[c]["volumeMounts"]} for c in found}
     assert mounts["canary"]["canary-verdict"] == {"name": "canary-verdict", "mountPath": "/run/deploykit"}
     assert mounts["vllm"]["canary-verdict"]["readOnly"] is True
+    # The corruption-restart ledger outlives the vLLM container (issue 34); only vLLM's probes write it.
+    assert volumes["canary-ledger"] == {"name": "canary-ledger", "emptyDir": {}}
+    assert mounts["vllm"]["canary-ledger"] == {"name": "canary-ledger", "mountPath": "/run/deploykit-ledger"}
+    assert "canary-ledger" not in mounts["canary"]
+    # The key as a file the kubelet updates when the Secret rotates, read again before every run.
+    assert volumes["canary-key"]["secret"] == {
+        "secretName": chart.values["secretName"],
+        "items": [{"key": "VLLM_API_KEY", "path": "api-key"}],
+    }
+    assert mounts["canary"]["canary-key"]["readOnly"] is True and "canary-key" not in mounts["vllm"]
+
+
+def test_the_canary_has_its_own_liveness_that_restarts_only_itself(charts: dict[str, Chart]) -> None:
+    """A hung canary restarts only its own container (its verdict not rewritten for the verdict's maximum
+    age); it never had one, so a hung canary stayed hung. It asks nothing of vLLM."""
+    chart = charts["turing"]
+    canary = containers(chart.manifests)["canary"]
+    probe = canary["livenessProbe"]
+    assert probe["exec"]["command"] == [
+        "python3", "-m", "deploykit.render.pod_probe", "canary",
+        "--verdict-file", "/run/deploykit/verdict.json", "--max-verdict-age", "600",
+    ]  # fmt: skip
+    assert "readinessProbe" not in canary  # a sidecar's readiness is the pod's: it must never fail it
 
 
 def test_vllm_probes_read_the_verdict_file_never_the_canary_port(charts: dict[str, Chart]) -> None:
@@ -81,7 +105,7 @@ def test_vllm_probes_read_the_verdict_file_never_the_canary_port(charts: dict[st
             "python3", "-m", "deploykit.render.pod_probe", mode,
             "--health-url", f"http://127.0.0.1:{port}/health",
             "--verdict-file", "/run/deploykit/verdict.json",
-            "--timeout", "5", "--max-verdict-age", "600",
+            "--timeout", "5", "--max-verdict-age", "600", "--ledger-dir", "/run/deploykit-ledger",
         ]  # fmt: skip
         # The probe asks /health with a 5 s timeout: the kubelet waits longer than that.
         assert probe["timeoutSeconds"] > 5
@@ -103,3 +127,19 @@ def test_canary_off_restores_the_health_probes_and_drops_the_sidecar(charts: dic
     assert found["vllm"]["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
     assert all(not v["name"].startswith("canary") for v in pod_spec(docs)["volumes"])
     assert "canary-verdict" not in {m["name"] for m in found["vllm"]["volumeMounts"]}
+
+
+def test_an_interval_the_verdict_s_maximum_age_would_ignore_is_refused(charts: dict[str, Chart]) -> None:
+    """`canary.every=900` with verdicts ignored after 600 s: the probes would never see a fresh verdict and
+    the canary's own liveness would restart it between runs (issue 34). Refused by helm, in one line."""
+    root = charts["turing"].root
+    refused = run_helm("template", "x", str(root), "--set", "canary.every=900")
+    assert refused.returncode != 0
+    assert "canary.every 900: a verdict older than canary.verdictMaxAgeSeconds (600 s) is ignored" in (
+        refused.stderr
+    )
+    both = run_helm(
+        "template", "x", str(root), "--set", "canary.every=900", "--set", "canary.verdictMaxAgeSeconds=1800"
+    )
+    assert both.returncode == 0, both.stderr
+    assert run_helm("template", "x", str(root), "--set", "canary.every=300").returncode == 0

@@ -107,6 +107,9 @@ def test_user_node_affinity_is_anded_with_the_gpu_terms(platform_docs: list[dict
     assert not node_matches(affinity, T4_NODE)  # the user's pool is required too
     assert not node_matches(affinity, {**H100_NODE, "pool": "a"})  # and so is the Turing GPU
     assert not node_matches(affinity, {**A10_NODE, "pool": "a"})
+    # A T4 node whose driver (a 470) cannot run the vLLM wheel's CUDA 12 (issue 34): vLLM would not start.
+    old_driver = {**T4_NODE, "pool": "a", "nvidia.com/cuda.driver-version.major": "470"}
+    assert not node_matches(affinity, old_driver)
     assert affinity["podAntiAffinity"] == POD_FIELDS["affinity"]["podAntiAffinity"]
 
 

@@ -59,6 +59,7 @@ def test_canary_runs_deploykit_canary_with_exit_on_corruption(
     argv = split_command_line(unit_value(text, "ExecStart"))
     assert argv[:2] == [str(PREFIX / "bin" / "deploykit"), "canary"]
     assert "--exit-on-corruption" in argv and argv[argv.index("--listen") + 1] == "127.0.0.1:9400"
+    assert "--keep-running" in argv  # a refused key or name is `misconfigured`, never an exit (issue 34)
     assert argv[argv.index("--profile") + 1] == "/etc/deploykit/gemma4-turing.yaml"
     assert argv[argv.index("--api-key-env") + 1] == "VLLM_API_KEY"  # the server's key, same env file
     assert (

@@ -66,6 +66,24 @@ JSON_MODES: dict[str, Callable[[str], str]] = {
 }
 
 
+# HTTP error modes: status → vLLM's error message for it (`http-400` ...; `http-400-nan` is the 400 vLLM
+# answers when it cannot encode a NaN result, which stays corruption).
+ERROR_MODES: dict[str, tuple[int, str]] = {
+    "http-400": (400, "This model's maximum context length is 512 tokens; you requested 2100 tokens."),
+    "http-400-nan": (400, "Out of range float values are not JSON compliant: nan"),
+    "http-401": (401, "Unauthorized"),
+    "http-403": (403, "Forbidden"),
+    "http-404": (404, "The model `tiny-adapter` does not exist."),
+    "http-413": (413, "Request Entity Too Large"),
+    "http-422": (422, "Input should be a valid integer"),
+}
+
+
+def error_body(status: int, message: str) -> str:
+    """vLLM's OpenAI-style error answer."""
+    return json.dumps({"error": {"message": message, "type": "Error", "param": None, "code": status}})
+
+
 def metrics_page(total: float, created: float = 1_796_191_257.0, exemplar: bool = False) -> str:
     """vLLM's NaN counter as its /metrics shows it (one engine); with an OpenMetrics exemplar after it."""
     after = ' # {trace_id="a1b2"} 99.0 1796191300.5' if exemplar else ""
@@ -90,8 +108,11 @@ class Hostile:
         exemplar: bool = False,
         metrics_flood: bool = False,
         slow_listing: bool = False,
+        api_keys: set[str] | None = None,
     ) -> None:
         self.mode = mode
+        self.api_keys = api_keys
+        """With keys, /v1/* wants `Authorization: Bearer KEY`, one of them (vLLM's --api-key); else 401."""
         self.slow_listing = slow_listing
         self.metrics_totals = list(metrics_totals or [0.0])
         self.exemplar = exemplar
@@ -107,7 +128,18 @@ class Hostile:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
+            def _refused_key(self) -> bool:
+                if hostile.api_keys is None or not self.path.startswith("/v1/"):
+                    return False
+                given = self.headers.get("Authorization", "").removeprefix("Bearer ")
+                if given in hostile.api_keys:
+                    return False
+                self._json(401, json.dumps({"error": "Unauthorized"}))
+                return True
+
             def do_GET(self) -> None:
+                if self._refused_key():
+                    return
                 if hostile.slow_listing and self.path in ("/v1/models", "/health"):
                     self._trickle(json.dumps({"data": [{"id": MODEL}]}).encode())
                 elif self.path == "/v1/models":
@@ -125,10 +157,17 @@ class Hostile:
                     self._json(404, json.dumps({"detail": "Not Found"}))
 
             def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 hostile.posts += 1
                 mode = hostile.mode
-                if mode == "hang-before-headers":
+                if self._refused_key():
+                    return
+                if mode in ERROR_MODES:
+                    self._json(ERROR_MODES[mode][0], error_body(*ERROR_MODES[mode]))
+                elif mode == "good-counting":  # a good answer whose prompt_tokens counts the prompt's words
+                    words = len(str(json.loads(body or b"{}").get("prompt", "")).split())
+                    self._json(200, json.dumps(_answer(self.path, prompt_tokens=max(5, words))))
+                elif mode == "hang-before-headers":
                     hostile.stop.wait()
                 elif mode == "hang-after-headers":
                     self.send_response(200)

@@ -207,6 +207,9 @@ exec:
     - "5"
     - --max-verdict-age
     - {{ $root.Values.canary.verdictMaxAgeSeconds | quote }}
+    # Corruption restarts counted in the pod's own emptyDir and capped (3 an hour, as systemd's).
+    - --ledger-dir
+    - /run/deploykit-ledger
 {{- end -}}
 
 {{/* Every local model or adapter path vLLM opens at start-up must lie under a mount of the vLLM container:
