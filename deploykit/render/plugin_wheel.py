@@ -50,7 +50,13 @@ _PACKAGE_SUFFIXES = (".py", ".typed")
 POD_DATA: tuple[str, ...] = ()
 _POD_RENDER_MODULES = {"__init__.py", "pod_probe.py", "pod_restarts.py"}  # the probes and their restart cap
 _LEFT_OUT_PACKAGES = {"trace"}
-_LEFT_OUT_MODULES = {("serve", "attempt.py"), ("serve", "watch.py")}
+_LEFT_OUT_MODULES = {
+    ("serve", "attempt.py"),  # `deploykit serve` launches vLLM: never in the pod
+    ("serve", "watch.py"),
+    ("vllm_plugin", "trace_hooks.py"),  # `deploykit trace` only
+    ("smollm2.py",),  # the builtin models are built where render runs, never in a pod (render refuses them)
+    ("tinymodel.py",),
+}
 # The METADATA headers a pod reads (importlib.metadata: the name, the version, the requirements); the rest
 # (Summary, License, the README) depend on the build tool's version and would change the bytes.
 _METADATA_HEADERS = ("Name", "Version", "Requires-Python", "Provides-Extra", "Requires-Dist")

@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None, clock: Callable[[], float] = time.time) 
             max_verdict_age_s=args.max_verdict_age,
         )
         print(f"canary: {'pass' if own.passed else 'FAIL'}: {own.reason}", flush=True)
-        return 0 if own.passed else 1
+        return exit_codes.OK if own.passed else exit_codes.FAILED
     if args.health_url is None:
         parser.error(f"{args.mode} needs --health-url")
     mode: Mode = args.mode

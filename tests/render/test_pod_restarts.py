@@ -9,13 +9,14 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from deploykit.canary import defaults
 from deploykit.render import pod_restarts
 from deploykit.render.pod_probe import decide_canary
-from tests.render.test_pod_probe import Pod, _Server, fake_proc, outcome, url_of, wheel_zip  # noqa: F401
+from tests.render.test_pod_probe import Pod, fake_proc, outcome, url_of, wheel_zip  # noqa: F401
 from tests.render.test_pod_probe import pod as pod
 from tests.render.test_pod_probe import vllm as vllm
 
@@ -61,7 +62,7 @@ def restart_vllm(pod: Pod, started: float) -> None:
 
 
 def test_a_corruption_loop_stops_at_the_cap_and_the_pod_stays_out_of_the_service(
-    pod: Pod, vllm: _Server, tmp_path: Path
+    pod: Pod, vllm: Any, tmp_path: Path
 ) -> None:
     import time
 
@@ -85,7 +86,7 @@ def test_a_corruption_loop_stops_at_the_cap_and_the_pod_stays_out_of_the_service
     assert outcome(pod.probe("live", url_of(vllm), *extra)) == "pass"
 
 
-def test_a_ledger_that_cannot_be_used_holds_the_restart(pod: Pod, vllm: _Server, tmp_path: Path) -> None:
+def test_a_ledger_that_cannot_be_used_holds_the_restart(pod: Pod, vllm: Any, tmp_path: Path) -> None:
     """Fail closed: without a ledger the cap cannot hold, so no uncounted restart; readiness still fails."""
     not_a_dir = tmp_path / "ledger"
     not_a_dir.write_text("")
