@@ -54,8 +54,9 @@ _LEFT_OUT_MODULES = {
     ("serve", "attempt.py"),  # `deploykit serve` launches vLLM: never in the pod
     ("serve", "watch.py"),
     ("vllm_plugin", "trace_hooks.py"),  # `deploykit trace` only
-    ("smollm2.py",),  # the builtin models are built where render runs, never in a pod (render refuses them)
-    ("tinymodel.py",),
+    # The real model's converter: a pod never converts it (render refuses a builtin model). The tiny model's
+    # module stays: it is small, and a smoke of a profile that names builtin:tiny-llama resolves its path.
+    ("smollm2.py",),
 }
 # The METADATA headers a pod reads (importlib.metadata: the name, the version, the requirements); the rest
 # (Summary, License, the README) depend on the build tool's version and would change the bytes.
