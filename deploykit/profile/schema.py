@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -36,6 +38,12 @@ _SECRET_VALUE = re.compile(
     r"|glpat-[A-Za-z0-9_-]{16,}|xox[abprs]-[A-Za-z0-9-]{10,}|AKIA[0-9A-Z]{16})"
 )
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def given_twice(values: Iterable[str]) -> list[str]:
+    """The values that occur more than once, sorted (for a profile error that names them)."""
+    counts = Counter(values)
+    return sorted(value for value, count in counts.items() if count > 1)
 
 
 class AdvisoryMode(StrEnum):
@@ -186,9 +194,7 @@ class ModelSpec(_Strict):
     @field_validator("volumes")
     @classmethod
     def _distinct_mounts(cls, volumes: list[ModelVolume]) -> list[ModelVolume]:
-        seen = [v.mount_path for v in volumes]
-        twice = sorted({m for m in seen if seen.count(m) > 1})
-        if twice:
+        if twice := given_twice(v.mount_path for v in volumes):
             raise ValueError(f"two volumes are mounted at {', '.join(twice)}")
         return volumes
 
@@ -390,9 +396,7 @@ class SmokeSpec(_Strict):
     @field_validator("known_answers")
     @classmethod
     def _unique_names(cls, answers: list[KnownAnswer]) -> list[KnownAnswer]:
-        names = [answer.name for answer in answers]
-        twice = sorted({name for name in names if names.count(name) > 1})
-        if twice:
+        if twice := given_twice(answer.name for answer in answers):
             raise ValueError(
                 f"each known answer needs its own name; given more than once: {', '.join(twice)}"
             )
