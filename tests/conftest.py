@@ -64,6 +64,7 @@ SLOW_MARKERS = ("vllm_server", "vllm_import", "wheel_build", "external_tool")
 # A test that uses one of these fixtures needs what the marker names.
 FIXTURE_MARKERS: dict[str, str] = {
     "tiny_vllm": "vllm_server",
+    "tiny_model_dir": "vllm_import",  # builds the tiny checkpoint with torch when the cache is cold
     "real_model_server": "vllm_server",  # tests/e2e/real_model.py
     "charts": "external_tool",  # rendered Helm charts, linted and templated by helm
     "platform_docs": "external_tool",
