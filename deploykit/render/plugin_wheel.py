@@ -48,7 +48,7 @@ _PACKAGE_SUFFIXES = (".py", ".typed")
 # stay out of a wheel that must fit a Helm release (MAX_WHEEL_BYTES). tests/test_sidecar_imports.py runs the
 # canary and smoke from this wheel with nothing else to import from.
 POD_DATA: tuple[str, ...] = ()
-_POD_RENDER_MODULES = {"__init__.py", "pod_probe.py", "pod_restarts.py"}  # the probes and their restart cap
+_POD_RENDER_MODULES = {"__init__.py", "pod_probe.py", "pod_restarts.py", "canary_keeper.py"}
 _LEFT_OUT_PACKAGES = {"trace"}
 _LEFT_OUT_MODULES = {
     ("serve", "attempt.py"),  # `deploykit serve` launches vLLM: never in the pod

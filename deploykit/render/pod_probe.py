@@ -9,8 +9,6 @@ fail the probe only when it is fresh: written after this vLLM process started, a
     python3 -m deploykit.render.pod_probe live|ready --health-url http://127.0.0.1:8000/health \\
         --verdict-file /run/deploykit/verdict.json [--timeout 5] [--max-verdict-age 600] \\
         [--ledger-dir /run/deploykit-ledger]
-    python3 -m deploykit.render.pod_probe canary --verdict-file /run/deploykit/verdict.json \\
-        --max-verdict-age 600      (the canary container's own liveness)
 
 | situation                                                     | live | ready |
 |---------------------------------------------------------------|------|-------|
@@ -38,7 +36,6 @@ runs in the vLLM image, with deploykit on PYTHONPATH as a zipped wheel.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import http.client
 import json
 import os
@@ -128,25 +125,6 @@ def decide(
         reason = _one_line(f"canary says {status} ({max(age, 0):.0f} s ago): {diagnosis}")
         return Decision(False, reason, verdict_failed=True)
     return Decision(True, f"vLLM up; canary says {status} ({max(age, 0):.0f} s ago)")
-
-
-def decide_canary(
-    *, verdict_mtime: float | None, process_start: float | None, now: float, max_verdict_age_s: float
-) -> Decision:
-    """The canary container's own liveness (`canary` mode): it fails only when the canary has neither
-    rewritten its verdict nor started within `max_verdict_age_s` (it rewrites after every run, and every
-    try while `misconfigured`), so the kubelet restarts a hung canary, and only it."""
-    times = [t for t in (verdict_mtime, process_start) if t is not None]
-    if not times:
-        return Decision(True, "no verdict and no start time to judge the canary by: left alone")
-    quiet = now - max(times)
-    if quiet > max_verdict_age_s:
-        return Decision(
-            False,
-            f"the canary has not rewritten its verdict for {quiet:.0f} s (over {max_verdict_age_s:g} s): it "
-            "is hung; restarting the canary only (vLLM's probes ignore a stale verdict)",
-        )
-    return Decision(True, f"the canary wrote its verdict {max(quiet, 0):.0f} s ago")
 
 
 def _one_line(text: str) -> str:
@@ -294,11 +272,9 @@ def main(argv: list[str] | None = None, clock: Callable[[], float] = time.time) 
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("mode", choices=("live", "ready"), help="vLLM's liveness or readiness")
     parser.add_argument(
-        "mode", choices=("live", "ready", "canary"), help="vLLM's liveness or readiness, or the canary's own"
-    )
-    parser.add_argument(
-        "--health-url", help="vLLM's /health, e.g. http://127.0.0.1:8000/health (live and ready)"
+        "--health-url", required=True, help="vLLM's /health, e.g. http://127.0.0.1:8000/health"
     )
     parser.add_argument(
         "--verdict-file", required=True, help="the file `deploykit canary --verdict-file` writes"
@@ -324,21 +300,6 @@ def main(argv: list[str] | None = None, clock: Callable[[], float] = time.time) 
     parser.add_argument("--max-restarts", type=int, default=3, help="per window (default: %(default)s)")
     parser.add_argument("--window-s", type=float, default=3600.0, help="the window (default: %(default)s)")
     args = parser.parse_args(argv)
-    if args.mode == "canary":
-        _verdict, written = read_verdict(args.verdict_file)
-        if written is None:
-            with contextlib.suppress(OSError):
-                written = os.stat(args.verdict_file, follow_symlinks=False).st_mtime
-        own = decide_canary(
-            verdict_mtime=written,
-            process_start=process_start_time(args.pid, args.proc_root),
-            now=clock(),
-            max_verdict_age_s=args.max_verdict_age,
-        )
-        print(f"canary: {'pass' if own.passed else 'FAIL'}: {own.reason}", flush=True)
-        return exit_codes.OK if own.passed else exit_codes.FAILED
-    if args.health_url is None:
-        parser.error(f"{args.mode} needs --health-url")
     mode: Mode = args.mode
     healthy, detail = check_health(args.health_url, args.timeout)
     verdict, mtime = read_verdict(args.verdict_file) if healthy else (None, None)

@@ -45,7 +45,8 @@ def test_the_sidecar_runs_deploykit_canary_against_the_local_vllm(charts: dict[s
     port = chart.values["port"]
     canary_port = chart.values["canary"]["port"]
     assert canary["image"] == found["vllm"]["image"]  # the image the pod pulls anyway, with the chart's wheel
-    assert canary["command"] == [
+    assert canary["command"][:8] == KEEPER  # through its keeper (issue 34)
+    assert canary["command"][8:] == [
         "python3", "-m", "deploykit", "canary", "--url", f"http://127.0.0.1:{port}",
         "--profile", "/etc/deploykit/profile.yaml",
         "--listen", f"0.0.0.0:{canary_port}", "--every", "60", "--miss-limit", "5",
@@ -76,17 +77,27 @@ def test_the_sidecar_runs_deploykit_canary_against_the_local_vllm(charts: dict[s
     assert mounts["canary"]["canary-key"]["readOnly"] is True and "canary-key" not in mounts["vllm"]
 
 
-def test_the_canary_has_its_own_liveness_that_restarts_only_itself(charts: dict[str, Chart]) -> None:
-    """A hung canary restarts only its own container (its verdict not rewritten for the verdict's maximum
-    age); it never had one, so a hung canary stayed hung. It asks nothing of vLLM."""
+KEEPER = [
+    "python3", "-m", "deploykit.render.canary_keeper",
+    "--verdict-file", "/run/deploykit/verdict.json", "--max-verdict-age", "600", "--",
+]  # fmt: skip
+
+
+def test_the_canary_runs_under_its_keeper_and_has_no_probe_that_restarts_its_container(
+    charts: dict[str, Chart],
+) -> None:
+    """A crashing or hung canary is restarted by its keeper (the container's first process) inside the
+    container (tests/render/test_canary_keeper.py; in a real pod: tests/e2e/test_helm_pod_e2e.py). A container
+    restart is what would put it in CrashLoopBackOff and take the pod out of the Service, so no probe of the
+    canary container may cause one. The keeper's hung threshold is the verdict's maximum age."""
     chart = charts["turing"]
     canary = containers(chart.manifests)["canary"]
-    probe = canary["livenessProbe"]
-    assert probe["exec"]["command"] == [
-        "python3", "-m", "deploykit.render.pod_probe", "canary",
-        "--verdict-file", "/run/deploykit/verdict.json", "--max-verdict-age", "600",
-    ]  # fmt: skip
+    assert canary["command"][:8] == KEEPER
+    assert str(chart.values["canary"]["verdictMaxAgeSeconds"]) == KEEPER[6]
+    assert "livenessProbe" not in canary and "startupProbe" not in canary
     assert "readinessProbe" not in canary  # a sidecar's readiness is the pod's: it must never fail it
+    docs = template(chart.root, "--set", "canary.verdictMaxAgeSeconds=900")
+    assert containers(docs)["canary"]["command"][5:7] == ["--max-verdict-age", "900"]
 
 
 def test_vllm_probes_read_the_verdict_file_never_the_canary_port(charts: dict[str, Chart]) -> None:

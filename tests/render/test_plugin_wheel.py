@@ -30,6 +30,7 @@ def test_the_wheel_holds_the_package_its_data_and_its_entry_point() -> None:
         info = f"vllm_deploykit-{__version__}.dist-info"
         package = {"deploykit/__init__.py", "deploykit/vllm_plugin/entry.py", "deploykit/render/pod_probe.py"}
         package.add("deploykit/render/pod_restarts.py")  # the liveness probe's restart cap (issue 34)
+        package.add("deploykit/render/canary_keeper.py")  # the canary container's first process (issue 34)
         assert package <= names
         # Nothing in a pod renders, launches vLLM itself or reads a shipped profile (its own is a file).
         assert not any(n.startswith("deploykit/_data/") for n in names)

@@ -1,13 +1,10 @@
-"""The pod's corruption-restart cap (issue 34, `deploykit.render.pod_restarts`) and the canary container's
-own liveness (`pod_probe canary`): a model that turns corrupt after every restart is restarted at most 3
-times an hour, then left running out of the Service with the reason in the probe's line; a hung canary
-restarts only itself. Through the real probe command (the standard library and the zipped package only)."""
+"""The pod's corruption-restart cap (issue 34, `deploykit.render.pod_restarts`): a model that turns corrupt
+after every restart is restarted at most 3 times an hour, then left running out of the Service with the
+reason in the probe's line. Through the real probe command (the standard library and the zipped package
+only). A hung canary is its keeper's (tests/render/test_canary_keeper.py)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +12,6 @@ import pytest
 
 from deploykit.canary import defaults
 from deploykit.render import pod_restarts
-from deploykit.render.pod_probe import decide_canary
 from tests.render.test_pod_probe import Pod, fake_proc, outcome, url_of, wheel_zip  # noqa: F401
 from tests.render.test_pod_probe import pod as pod
 from tests.render.test_pod_probe import vllm as vllm
@@ -94,29 +90,3 @@ def test_a_ledger_that_cannot_be_used_holds_the_restart(pod: Pod, vllm: Any, tmp
     live = pod.probe("live", url_of(vllm), "--ledger-dir", str(not_a_dir))
     assert outcome(live) == "pass" and "cannot be used" in live.stdout
     assert outcome(pod.probe("ready", url_of(vllm), "--ledger-dir", str(not_a_dir))) == "FAIL"
-
-
-@pytest.mark.parametrize(
-    ("written_ago", "started_ago", "passes"),
-    [(10, 900, True), (700, 900, False), (None, 10, True), (None, 700, False), (700, 30, True)],
-)
-def test_the_canary_s_own_liveness(written_ago: float | None, started_ago: float, passes: bool) -> None:
-    found = decide_canary(
-        verdict_mtime=None if written_ago is None else NOW - written_ago,
-        process_start=NOW - started_ago,
-        now=NOW,
-        max_verdict_age_s=600,
-    )
-    assert found.passed is passes, found.reason
-
-
-def test_the_canary_mode_command(pod: Pod) -> None:
-    pod.write("misconfigured", age_s=700)  # the canary (PID 1, started 100 s ago) restarted since: fine
-    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(pod.wheel_zip)}
-    command = [sys.executable, "-S", "-m", "deploykit.render.pod_probe", "canary"]
-    command += ["--verdict-file", str(pod.verdict), "--proc-root", str(pod.proc), "--max-verdict-age", "600"]
-    fresh = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
-    assert fresh.returncode == 0, fresh.stdout + fresh.stderr
-    fake_proc(pod.root / "proc", pod.started - 1000)  # the canary has run for 1100 s, silent for 700
-    stale = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
-    assert stale.returncode == 1 and "it is hung; restarting the canary only" in stale.stdout
