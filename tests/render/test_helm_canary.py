@@ -142,7 +142,7 @@ def test_canary_off_restores_the_health_probes_and_drops_the_sidecar(charts: dic
 
 def test_an_interval_the_verdict_s_maximum_age_would_ignore_is_refused(charts: dict[str, Chart]) -> None:
     """`canary.every=900` with verdicts ignored after 600 s: the probes would never see a fresh verdict and
-    the canary's own liveness would restart it between runs (issue 34). Refused by helm, in one line."""
+    the canary's keeper would take it for hung between runs (issue 34). Refused by helm, in one line."""
     root = charts["turing"].root
     refused = run_helm("template", "x", str(root), "--set", "canary.every=900")
     assert refused.returncode != 0
