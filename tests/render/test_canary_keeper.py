@@ -241,3 +241,27 @@ def test_the_command_is_required_and_seconds_must_be_positive(capsys: pytest.Cap
             parse(argv)
         assert exited.value.code == exit_codes.USAGE
     assert "command is missing" in capsys.readouterr().err
+
+
+def test_the_keeper_runs_from_the_pod_wheel_with_the_standard_library_alone(tmp_path: Path) -> None:
+    """As the chart runs it: `python3 -S` (no site-packages: nothing but the standard library) with only the
+    pod's wheel on PYTHONPATH; a crashing child's last `unknown` is replaced from the wheel's own writer."""
+    from deploykit.render.plugin_wheel import build_plugin_wheel
+
+    wheel = tmp_path / "deploykit.whl"
+    wheel.write_bytes(build_plugin_wheel().data)
+    verdict, starts = tmp_path / "verdict.json", tmp_path / "starts"
+    child = [sys.executable, "-S", "-c", CHILD, str(starts), str(verdict), "crash-unknown"]
+    argv = [sys.executable, "-S", "-m", "deploykit.render.canary_keeper", "--verdict-file", str(verdict)]
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(wheel)}
+    with (tmp_path / "stderr").open("wb") as err:
+        process = subprocess.Popen([*argv, "--backoff-start", "30", "--", *child], stderr=err, env=env)
+    try:
+        wait_for("a restart line", lambda: "; restart 1 in 30 s" in (tmp_path / "stderr").read_text())
+        assert json.loads(verdict.read_text())["status"] == "misconfigured"
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=DEADLINE_S) == exit_codes.OK
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
