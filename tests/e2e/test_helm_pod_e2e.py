@@ -32,6 +32,9 @@ What it shows:
   - a hung engine (issue 31; vLLM's engine core frozen with SIGSTOP inside the container: /health stays
     200): the real canary writes a fresh `hung` verdict and the liveness probe fails (so does readiness);
     the engine resumed, the canary's next pass makes both pass again;
+  - a crashing or hung canary (issue 34): its child killed with SIGKILL again and again, then frozen with
+    SIGSTOP, inside the canary container: the keeper (the container's first process) starts it again each
+    time, the container itself is never restarted, and vLLM's readiness passes throughout;
   - the failure table in a real pod: canary stopped → its last verdict `unknown`: vLLM live, not ready; no
     verdict at all → live and ready; a fresh `corrupt` verdict → live and ready both fail; `unreachable` →
     ready fails, live passes; a verdict from before vLLM started → both pass.
@@ -79,6 +82,10 @@ KEY_ENV = "DK_POD_API_KEY"
 # 16 on 2 cores (its imports alone); the wait ends as soon as /health answers.
 START_TIMEOUT_S = 600.0
 CANARY_TIMEOUT_S = 240.0
+# The verdict's maximum age, also the canary keeper's hung threshold: above HUNG_AFTER_S (60 s) plus the
+# hung-engine test's 30 s slack, so the keeper never takes the canary that is about to say `hung` for a hung
+# canary itself, and short enough for the keeper's own hang test.
+VERDICT_MAX_AGE_S = 150
 # A platform team names the release after what it serves; the Service is named after the release.
 RELEASE = "vllm"
 # Where the pod sees the staged model: the release's volume, not the host's path.
@@ -202,7 +209,8 @@ def chart_pod(
     chart = render_chart(tmp, model_dir, port)
     rendered = subprocess.run(
         [find_helm(), "template", RELEASE, str(chart),
-         "--set", f"canary.port={canary_port}", "--set", "canary.every=5"],
+         "--set", f"canary.port={canary_port}", "--set", "canary.every=5",
+         "--set", f"canary.verdictMaxAgeSeconds={VERDICT_MAX_AGE_S}"],
         capture_output=True, text=True, check=True, timeout=120,
     ).stdout  # fmt: skip
     docs = [d for d in yaml.safe_load_all(rendered) if d]
@@ -401,6 +409,79 @@ def test_a_hung_engine_fails_liveness_through_the_real_canary(chart_pod: ChartPo
         signal_engine(chart_pod, "SIGCONT")
     wait_for("the canary healthy again", lambda: verdict_status(chart_pod) == "healthy", CANARY_TIMEOUT_S)
     assert chart_pod.runtime.healthcheck_run(chart_pod.vllm) == 0 and chart_pod.probe("readiness") == 0
+
+
+# The canary keeper's children inside the canary container: `PID STATE` per line. The keeper is found by its
+# module name (it is the container's first process unless the runtime adds an init), its children by parent.
+CANARY_CHILDREN = """
+import os
+procs = {}
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            argv = handle.read().split(b"\\0")
+    except OSError:
+        continue
+    procs[int(pid)] = (int(fields[1]), fields[0], argv)
+keepers = {pid for pid, (_, _, argv) in procs.items() if b"deploykit.render.canary_keeper" in argv}
+for pid, (ppid, state, argv) in sorted(procs.items()):
+    if ppid in keepers:
+        print(pid, state)
+"""
+SIGNAL_PID = "import os, signal, sys; os.kill(int(sys.argv[1]), getattr(signal, sys.argv[2]))"
+
+
+def canary_children(chart_pod: ChartPod) -> dict[int, str]:
+    done = chart_pod.runtime.exec(chart_pod.canary, ["python3", "-c", CANARY_CHILDREN], timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return {int(pid): state for pid, state in (line.split() for line in done.stdout.splitlines())}
+
+
+def signal_in_canary(chart_pod: ChartPod, pid: int, name: str) -> None:
+    done = chart_pod.runtime.exec(chart_pod.canary, ["python3", "-c", SIGNAL_PID, str(pid), name], timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_crashing_or_hung_canary_never_restarts_its_container_and_vllm_stays_ready(
+    chart_pod: ChartPod,
+) -> None:
+    """Issue 34's "a broken canary leaves vLLM ready", in the played pod. Hung: the canary child frozen with
+    SIGSTOP and its verdict's mtime set back past the maximum age (what VERDICT_MAX_AGE_S of silence would
+    leave, without waiting it out; the child has run since the pod started, so its start is no fresher): the
+    keeper kills it and starts another. Crash loop: the child killed with SIGKILL three times: started again
+    after each. Throughout, the container's first process and start time stay, podman counts no restart,
+    and the vLLM container's readiness command passes at every step."""
+    runtime = chart_pod.runtime
+    state = runtime.inspect_raw(chart_pod.canary)["State"]
+    assert runtime.inspect(chart_pod.canary).restart_count == 0
+
+    def ready_and_child(other_than: int | None = None) -> int | None:
+        assert chart_pod.probe("readiness") == 0, "vLLM left the Service"
+        children = [pid for pid, st in canary_children(chart_pod).items() if st != "Z"]
+        return next((pid for pid in children if pid != other_than), None)
+
+    first = wait_for("the canary child", ready_and_child, 60)
+    signal_in_canary(chart_pod, first, "SIGSTOP")
+    wait_for("the child stopped", lambda: canary_children(chart_pod).get(first) == "T", 60)
+    verdict = chart_pod.verdict_source() / "verdict.json"
+    old = time.time() - VERDICT_MAX_AGE_S - 60
+    os.utime(verdict, (old, old))
+    hung_at = time.monotonic()
+    child = wait_for("the hung child replaced", lambda: ready_and_child(first), VERDICT_MAX_AGE_S + 120, 2.0)
+    print(f"\npod: hung canary child replaced {time.monotonic() - hung_at:.0f} s after its verdict aged")
+    for _ in range(3):
+        signal_in_canary(chart_pod, child, "SIGKILL")
+        child = wait_for("the killed child replaced", lambda c=child: ready_and_child(c), 120, 1.0)
+    wait_for("the canary healthy again", lambda: verdict_status(chart_pod) == "healthy", CANARY_TIMEOUT_S)
+    assert chart_pod.probe("readiness") == 0 and runtime.healthcheck_run(chart_pod.vllm) == 0
+    after = runtime.inspect_raw(chart_pod.canary)["State"]
+    assert after["Pid"] == state["Pid"] and after["StartedAt"] == state["StartedAt"], (state, after)
+    assert runtime.inspect(chart_pod.canary).running and runtime.inspect(chart_pod.canary).restart_count == 0
+    logs = runtime.logs(chart_pod.canary)
+    assert "hung, killed" in logs and logs.count("was killed by SIGKILL") >= 3, logs[-4000:]
+    assert "restart 4 in" in logs
 
 
 def test_the_failure_table_in_the_pod(chart_pod: ChartPod) -> None:
