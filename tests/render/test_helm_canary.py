@@ -98,6 +98,16 @@ def test_the_canary_runs_under_its_keeper_and_has_no_probe_that_restarts_its_con
     assert "readinessProbe" not in canary  # a sidecar's readiness is the pod's: it must never fail it
     docs = template(chart.root, "--set", "canary.verdictMaxAgeSeconds=900")
     assert containers(docs)["canary"]["command"][5:7] == ["--max-verdict-age", "900"]
+    # Waiting on a hung engine the canary is silent for HUNG_AFTER_S before it says `hung`: a shorter hung
+    # threshold would have the keeper kill it first, every time, and a hung vLLM would never be restarted.
+    from deploykit.canary.defaults import HUNG_AFTER_S
+
+    refused = run_helm(
+        "template", "x", str(chart.root), "--set", f"canary.verdictMaxAgeSeconds={HUNG_AFTER_S:.0f}"
+    )
+    assert refused.returncode != 0 and "verdictMaxAgeSeconds" in refused.stderr, refused.stderr
+    least = template(chart.root, "--set", f"canary.verdictMaxAgeSeconds={2 * HUNG_AFTER_S:.0f}")
+    assert containers(least)["canary"]["command"][6] == f"{2 * HUNG_AFTER_S:.0f}"
 
 
 def test_vllm_probes_read_the_verdict_file_never_the_canary_port(charts: dict[str, Chart]) -> None:
