@@ -8,9 +8,10 @@ step.
 
 The wheel is reproducible on every machine: the same code gives the same bytes (sorted members, fixed
 timestamps, modes and creator system, members stored uncompressed, so no zlib build decides a byte, and a
-METADATA of the headers the pod reads only). Its sha256 is therefore a digest of the uncompressed modules the
+METADATA of the headers the pod reads only). Its modules are the pod's copies (`pod_source`: comments and
+module docstrings blanked, line numbers kept). Its sha256 is therefore a digest of the uncompressed code the
 pod runs: it names the chart's immutable ConfigMap and rolls the pods exactly when that code changes; a
-profile's comment or the README (not in the wheel) never does. Nothing here imports torch or vLLM.
+comment, a module docstring, a profile or the README never does. Nothing here imports torch or vLLM.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from deploykit import DISTRIBUTION, __version__
 from deploykit.errors import RenderError
 from deploykit.paths import PACKAGE_DIR, shipped_data_dir
 from deploykit.plugin_contract import ENTRY_POINT
+from deploykit.render.pod_source import pod_source
 
 WHEEL_TAG = "py3-none-any"
 # Two limits (docs/deploy.md, sizes and headroom; tests/render/test_chart_sizes.py measures both): a
@@ -104,7 +106,9 @@ def _package_files(package_dir: Path) -> Iterator[tuple[str, bytes]]:
         relative = path.relative_to(package_dir)
         if not path.is_file() or "__pycache__" in relative.parts or not _runs_in_the_pod(relative):
             continue
-        if path.suffix in _PACKAGE_SUFFIXES and relative.parts[0] != "_data":
+        if path.suffix == ".py" and relative.parts[0] != "_data":
+            yield f"deploykit/{relative.as_posix()}", pod_source(path.read_bytes())
+        elif path.suffix in _PACKAGE_SUFFIXES and relative.parts[0] != "_data":
             yield f"deploykit/{relative.as_posix()}", path.read_bytes()
         elif relative.parts[0] == _TABLES_DIR and path.suffix == ".json":
             yield f"deploykit/{relative.as_posix()}", _pod_table(path)
