@@ -162,7 +162,14 @@ def test_the_digest_follows_the_code_the_pod_runs_and_nothing_else(tmp_path: Pat
     (copy / "serve" / "attempt.py").write_text("# changed\n")
     (copy / "render" / "systemd.py").write_text("# changed\n")
     assert build_plugin_wheel(copy).sha256 == original.sha256
-    # What it runs: the canary.
-    with (copy / "canary" / "runner.py").open("a") as handle:
-        handle.write("# a comment\n")
+    # What it runs, reworded but not changed (a comment, the module docstring, on the same lines): the pod's
+    # copy of the module is the same (render/pod_source.py), so nothing rolls.
+    runner = copy / "canary" / "runner.py"
+    source = runner.read_text()
+    assert source.startswith('"""') and "  # " in source
+    reworded = source.replace("  # ", "  # reworded: ", 1).replace('"""', '"""Reworded. ', 1)
+    runner.write_text(reworded)
+    assert build_plugin_wheel(copy).sha256 == original.sha256
+    # What it runs, changed: the canary's code.
+    runner.write_text(reworded + "CHANGED = True\n")
     assert build_plugin_wheel(copy).sha256 != original.sha256
