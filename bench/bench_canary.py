@@ -38,10 +38,10 @@ sys.path.insert(0, str(REPO))
 from bench.benchmarks_doc import DOCS, write_section  # noqa: E402
 from bench.subjects import Subject, subjects  # noqa: E402
 from bench.tpot import read_stream  # noqa: E402
-from deploykit.canary.defaults import EVERY_S as DEFAULT_EVERY_S  # noqa: E402
 from deploykit.canary.defaults import NAN_COUNTER_ENV  # noqa: E402
 from deploykit.canary.rotation import rotation_for  # noqa: E402
 from deploykit.canary.runner import Canary, CanaryConfig  # noqa: E402
+from deploykit.canary.settings import DEFAULTS, CanarySettings  # noqa: E402
 from deploykit.profile.load import load_profile  # noqa: E402
 from tests.vllm_harness import RunningServer, running_vllm  # noqa: E402
 
@@ -161,11 +161,9 @@ def canary_for(server: RunningServer, subject: Subject, every_s: float) -> Canar
         url=server.base_url,
         served_name=subject.served_name,
         cases=rotation_for(profile),
-        every_s=every_s,
-        timeout_s=300,
+        settings=CanarySettings(every_s=every_s, timeout_s=300, metrics_every_s=0),
         max_model_len=profile.serve.max_model_len,
         store=False,
-        metrics_every_s=0,
     )
     return Canary(config)
 
@@ -176,7 +174,7 @@ def canary_loop(canary: Canary, probes: ProbeSet, stop: threading.Event) -> None
     while not stop.is_set():
         canary.run_once()
         probes.read(canary.config.url)
-        next_at = max(next_at + canary.config.every_s, time.monotonic())
+        next_at = max(next_at + canary.config.settings.every_s, time.monotonic())
         stop.wait(max(0.0, next_at - time.monotonic()))
 
 
@@ -220,7 +218,7 @@ def measure(subject: Subject, args: argparse.Namespace) -> tuple[list[str], Cost
         on = stack.enter_context(running_vllm(serve_args, served_name=name, env={NAN_COUNTER_ENV: "1"}))
 
         # 1. Per run, alone on an idle server (the plan's: counter on). Warm up first (logprobs compile).
-        idle = canary_for(on, subject, DEFAULT_EVERY_S)
+        idle = canary_for(on, subject, DEFAULTS.every_s)
         for _ in range(len(idle.config.cases)):
             idle.run_once()
         probes.read(on.base_url)
@@ -266,7 +264,7 @@ def measure(subject: Subject, args: argparse.Namespace) -> tuple[list[str], Cost
 
         # 3. TPOT with a canary (rotation + probe set) on the plan's server.
         with_canary: dict[str, tuple[list[float], float, int, str]] = {}
-        for every in (DEFAULT_EVERY_S, 5.0):
+        for every in (DEFAULTS.every_s, 5.0):
             canary = canary_for(on, subject, every)
             stop = threading.Event()
             thread = threading.Thread(target=canary_loop, args=(canary, probes, stop))
@@ -279,7 +277,7 @@ def measure(subject: Subject, args: argparse.Namespace) -> tuple[list[str], Cost
             with_canary[f"every {every:g} s"] = (values, server_mean, canary.runs, canary.state.status)
             load_avg.append(os.getloadavg()[0])
 
-    every = DEFAULT_EVERY_S
+    every = DEFAULTS.every_s
     per_hour = 3600.0 / every
     run_tokens = prompt_per_run + generated_per_run
     run_s = rotation_run_s + probe_run_s
@@ -374,10 +372,10 @@ def measure(subject: Subject, args: argparse.Namespace) -> tuple[list[str], Cost
 
 
 def summary(costs: list[Cost]) -> list[str]:
-    per_hour = 3600.0 / DEFAULT_EVERY_S
+    per_hour = 3600.0 / DEFAULTS.every_s
     lines = [
         "One run, the models one after the other, the canary at its default interval "
-        f"({DEFAULT_EVERY_S:g} s):",
+        f"({DEFAULTS.every_s:g} s):",
         "",
         "| model | tokens per run | prefill tokens per hour per replica | all tokens per hour per replica | "
         "run (alone) | capacity, 8 streams | token share | vLLM TPOT, NaN counter on / off | load average |",

@@ -268,6 +268,7 @@ def soak(server: RunningServer, subject: Subject, dtype: str, top_k: int, second
     a baseline taken as the smoke takes it."""
     from deploykit.canary.rotation import rotation_for
     from deploykit.canary.runner import Canary, CanaryConfig
+    from deploykit.canary.settings import CanarySettings
     from deploykit.profile.load import load_profile
     from deploykit.results.baseline import Baseline
     from deploykit.results.judge import judge_against
@@ -293,11 +294,9 @@ def soak(server: RunningServer, subject: Subject, dtype: str, top_k: int, second
             url=server.base_url,
             served_name=server.served_name,
             cases=rotation_for(load_profile(subject.profile).profile),
-            every_s=1.0,
-            timeout_s=300,
+            settings=CanarySettings(every_s=1.0, timeout_s=300, metrics_every_s=0),
             max_model_len=subject.max_model_len,
             store=False,
-            metrics_every_s=0,
         )
     )
     with streams(server) as done:

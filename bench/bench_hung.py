@@ -30,6 +30,7 @@ from deploykit.canary.defaults import HUNG_AFTER_S  # noqa: E402
 from deploykit.canary.progress import ProgressReading  # noqa: E402
 from deploykit.canary.rotation import rotation_for  # noqa: E402
 from deploykit.canary.runner import Canary, CanaryConfig  # noqa: E402
+from deploykit.canary.settings import CanarySettings  # noqa: E402
 from deploykit.tinymodel import build_tiny_model  # noqa: E402
 from tests.e2e.fault_worker import FAULT_KEY, TOKENS_ENV, WORKER_CLS  # noqa: E402
 from tests.serve_helpers import completion_streams  # noqa: E402
@@ -42,10 +43,8 @@ def canary_for(url: str, every_s: float) -> Canary:
             url=url,
             served_name="tiny",
             cases=rotation_for(None),
-            every_s=every_s,
-            timeout_s=30.0,
+            settings=CanarySettings(every_s=every_s, timeout_s=30.0, metrics_every_s=0),
             store=False,
-            metrics_every_s=0,
         )
     )
 

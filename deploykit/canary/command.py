@@ -33,9 +33,7 @@ def run_canary(
     at the first run when the URL is not the vLLM server it should be."""
     import signal
 
-    from deploykit.canary.listener import parse_listen
-
-    host, _ = parse_listen(options.listen)  # a malformed address is refused before anything is asked
+    host, _ = options.settings.listen_address  # (checked when the settings were made)
     stop = threading.Event()
     received: list[int] = []
 
@@ -127,15 +125,15 @@ def _run(
     except BaseException as exc:
         canary.final_verdict(f"the canary could not start: {type(exc).__name__}: {exc}"[:400])
         raise
-    server = listen(canary, options.listen)
+    server = listen(canary)
     bound = server.server_address[1]
     rotation = ", ".join(canary.labels)
     say(
-        f"canary for {config.served_name} at {redact_url(config.url)}: every {config.every_s:g} s, "
+        f"canary for {config.served_name} at {redact_url(config.url)}: every {config.settings.every_s:g} s, "
         f"rotation {rotation}; /healthz, /livez and /metrics on http://{host}:{bound}"
         + (
-            f"; vLLM's NaN counter read every {config.metrics_every_s:g} s"
-            if config.metrics_every_s > 0
+            f"; vLLM's NaN counter read every {config.settings.metrics_every_s:g} s"
+            if config.settings.metrics_every_s > 0
             else ""
         )
         + (f"; verdict written to {config.verdict_file}" if config.verdict_file else "")
@@ -191,7 +189,7 @@ def wait_for_config(
             return build_config(options)
         except Exception as exc:
             what = str(exc) if isinstance(exc, DeploykitError) else f"{type(exc).__name__}: {exc}"
-            why = f"the canary cannot be set up: {what}; it tries again every {options.every_s:g} s"
+            why = f"the canary cannot be set up: {what}; it tries again every {options.settings.every_s:g} s"
         if why != said:
             warn(f"deploykit canary: MISCONFIGURED: {why} (vLLM is left alone: no reason to restart it)")
             said = why
@@ -200,5 +198,5 @@ def wait_for_config(
             verdict = {"status": "misconfigured", "diagnosis": why, "written_at": time.time()}
             verdict |= {"pid": os.getpid(), "run_id": run_id, "sequence": sequence, "runs": 0, "final": False}
             file_error = write_or_warn(options.verdict_file, verdict, file_error, warn)
-        stop.wait(options.every_s)
+        stop.wait(options.settings.every_s)
     return None

@@ -1,26 +1,15 @@
-"""Every default of the canary and of acting on its verdict, written once.
+"""The canary's inner defaults and those of acting on its verdict, written once.
 
-The CLI's options (`deploykit canary`, `deploykit serve --canary-*`), the canary itself, serving mode
-(`deploykit.serve.watch`) and the systemd unit's restart (`deploykit.render.on_corruption`) read them here.
-Constants only, no imports beyond `typing`: the CLI reads this module at import time.
+The settings a person sets (interval, timeout, NaN-counter reads, miss limit, listen address) are declared,
+defaulted and bounded in `settings.CanarySettings`; these are the rest. The CLI's options (`deploykit
+serve --on-corruption ...`), the canary itself, serving mode (`deploykit.serve.watch`) and the systemd
+unit's restart (`deploykit.render.on_corruption`) read them here. Constants only, no imports beyond
+`typing`: the CLI reads this module at import time.
 """
 
 from __future__ import annotations
 
 from typing import Literal
-
-EVERY_S = 60.0
-"""Seconds between runs, start to start."""
-
-MIN_EVERY_S = 0.1
-"""The shortest interval between runs (and between reads of vLLM's /metrics): a canary next to user traffic
-must leave it room. `config.CanarySettings` enforces it for every command that runs a canary."""
-
-LISTEN = "127.0.0.1:9400"
-"""`deploykit canary`'s `/healthz`, `/livez` and `/metrics` address (loopback)."""
-
-MISS_LIMIT = 5
-"""Runs in a row without an answer before the canary says `unreachable` (busy is not broken)."""
 
 REQUEST_TIMEOUT_S = 120.0
 """Seconds per request when no profile gives its smoke timeout."""
@@ -36,10 +25,6 @@ LIVEZ_HEALTH_TIMEOUT_S = 5.0
 
 IDENTIFY_TIMEOUT_S = 10.0
 """How long the first look at the server (is it vLLM?) waits for an answer."""
-
-METRICS_EVERY_S = 2.0
-"""Seconds between reads of vLLM's own /metrics for its NaN counter, independent of `EVERY_S`: a user
-request with NaN logits is seen within seconds, not at the next probe run. 0 turns the reading off."""
 
 METRICS_TIMEOUT_S = 5.0
 """How long one read of vLLM's /metrics waits."""

@@ -7,23 +7,10 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
-from deploykit.canary.defaults import LISTEN
-from deploykit.errors import CanaryError
+from deploykit.canary.settings import ListenAddressError
 
 if TYPE_CHECKING:
     from deploykit.canary.runner import Canary
-
-
-class ListenAddressError(CanaryError, ValueError):
-    """A listen address that is not HOST:PORT, or one that cannot be bound."""
-
-
-def parse_listen(value: str, flag: str = "--listen") -> tuple[str, int]:
-    """HOST:PORT (`[::1]:9400`, `:9400` for every address; port 0 picks a free one)."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ListenAddressError(f"{flag} {value!r}: expected HOST:PORT, e.g. {LISTEN}")
-    return host.strip("[]") or "0.0.0.0", int(port)
 
 
 def serve_http(canary: Canary, host: str, port: int) -> ThreadingHTTPServer:
@@ -64,9 +51,11 @@ def serve_http(canary: Canary, host: str, port: int) -> ThreadingHTTPServer:
     return server
 
 
-def listen(canary: Canary, address: str, flag: str = "--listen") -> ThreadingHTTPServer:
-    """`serve_http` on HOST:PORT, a ListenAddressError (one line, the flag named) when it cannot be."""
-    host, port = parse_listen(address, flag)
+def listen(canary: Canary, flag: str = "--listen") -> ThreadingHTTPServer:
+    """`serve_http` on the canary's `listen` address, a ListenAddressError (one line, the option named)
+    when it cannot be bound."""
+    address = canary.config.settings.listen
+    host, port = canary.config.settings.listen_address
     try:
         return serve_http(canary, host, port)
     except OSError as exc:

@@ -36,15 +36,15 @@ def run_forever(canary: Canary, stop: threading.Event, keep_running: bool = Fals
         except CanaryError as exc:
             if not keep_running:
                 raise
-            canary.misconfigured(f"{exc}; the canary looks again every {canary.config.every_s:g} s")
+            canary.misconfigured(f"{exc}; the canary looks again every {canary.config.settings.every_s:g} s")
         except Exception as exc:
             if not keep_running:
                 raise
             canary.misconfigured(
                 f"the canary's own run failed ({type(exc).__name__}: {exc}); it tries again every "
-                f"{canary.config.every_s:g} s"
+                f"{canary.config.settings.every_s:g} s"
             )
-        next_at = max(next_at + canary.config.every_s, time.monotonic())
+        next_at = max(next_at + canary.config.settings.every_s, time.monotonic())
         stop.wait(max(0.0, next_at - time.monotonic()))
 
 

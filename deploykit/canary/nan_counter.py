@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from deploykit.canary import defaults
+from deploykit.canary.settings import DEFAULTS
 from deploykit.http_bounded import METRICS_CAP_BYTES
 
 TOTAL = defaults.NAN_COUNTER + "_total"
@@ -182,7 +183,7 @@ class NanCounterPoller:
     """Reads `url`/metrics every `every_s` seconds on its own thread and reports each growth."""
 
     url: str
-    every_s: float = defaults.METRICS_EVERY_S
+    every_s: float = DEFAULTS.metrics_every_s
     api_key: str | None = None
     timeout_s: float = defaults.METRICS_TIMEOUT_S
     on_growth: Callable[[float, CounterReading], object] | None = None

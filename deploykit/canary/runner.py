@@ -17,6 +17,7 @@ from deploykit.canary import defaults
 from deploykit.canary.metrics import CanaryMetrics
 from deploykit.canary.progress import ProgressPoller, ProgressReading, ProgressWatch, hung_diagnosis
 from deploykit.canary.rotation import case_labels, run_requests
+from deploykit.canary.settings import DEFAULTS, CanarySettings
 from deploykit.canary.state import CanaryState, Outcome, Status, outcome_of
 from deploykit.canary.verdict import write_or_warn
 
@@ -38,8 +39,8 @@ class CanaryConfig:
     url: str
     served_name: str
     cases: list[SmokeCase]
-    every_s: float = defaults.EVERY_S
-    timeout_s: float = defaults.REQUEST_TIMEOUT_S
+    settings: CanarySettings = DEFAULTS
+    """Interval, timeout, NaN-counter reads, miss limit, listen address (`settings.CanarySettings`)."""
     api_key: str | None = None
     special_ids: frozenset[int] = frozenset()
     vocab_size: int | None = None
@@ -47,7 +48,6 @@ class CanaryConfig:
     max_model_len: int | None = None
     tie_tolerance: float = 0.05
     logprob_tolerance: float = 0.05
-    miss_limit: int = defaults.MISS_LIMIT
     heartbeat_s: float = defaults.HEARTBEAT_S
     store_url: str | None = None
     store: bool = True
@@ -55,8 +55,6 @@ class CanaryConfig:
     profile_id: str | None = None
     adapter: str | None = None
     verdict_file: str | None = None
-    metrics_every_s: float = defaults.METRICS_EVERY_S
-    """Seconds between reads of the server's /metrics for vLLM's NaN counter (`nan_counter`); 0: none."""
     fingerprint: FingerprintCheck | None = None
     """Compare the probe set's answers with the key's baseline on every run that otherwise passed."""
     hung_after_s: float = defaults.HUNG_AFTER_S
@@ -72,6 +70,12 @@ class CanaryConfig:
     identify: bool = False
     """Look first whether the URL is vLLM serving `served_name` (`discovery.identify`), until it answers:
     `deploykit canary` does, for a URL a person typed; serve's in-process canary knows its server."""
+
+    @property
+    def request_timeout_s(self) -> float:
+        """Seconds per request: the settings' `timeout_s` (the profile's smoke timeout where the settings
+        said none), else `defaults.REQUEST_TIMEOUT_S`."""
+        return self.settings.timeout_s or defaults.REQUEST_TIMEOUT_S
 
 
 @dataclass
@@ -133,7 +137,9 @@ class Canary:
 
     def __post_init__(self) -> None:
         self.labels = case_labels(self.config.cases)
-        self.state = CanaryState(rotation_len=len(self.config.cases), miss_limit=self.config.miss_limit)
+        self.state = CanaryState(
+            rotation_len=len(self.config.cases), miss_limit=self.config.settings.miss_limit
+        )
 
     def requests_for_run(self, number: int) -> tuple[str, list[SmokeRequest]]:
         """Run `number` (from 0) checks the rotation's next case; its long prompts are salted by `number`."""
@@ -167,7 +173,9 @@ class Canary:
         started = time.monotonic()
         with self._lock:
             self._run_since = started
-            self._run_deadline = started + self.config.timeout_s * (len(requests) + 2) + defaults.RUN_GRACE_S
+            self._run_deadline = (
+                started + self.config.request_timeout_s * (len(requests) + 2) + defaults.RUN_GRACE_S
+            )
             if self._waiting_since is None:
                 self._waiting_since = started
         try:
@@ -185,7 +193,7 @@ class Canary:
         now = self.clock()
         with self._lock:
             # Only a request that waited out its whole deadline keeps counting toward `hung`.
-            if outcome != "miss" or took < 0.9 * self.config.timeout_s:
+            if outcome != "miss" or took < 0.9 * self.config.request_timeout_s:
                 self._waiting_since = None
             changed = self.state.observe(label, outcome, report.diagnosis)
             self.metrics.count_run(self.state, label, outcome, report, now, took)
@@ -207,7 +215,7 @@ class Canary:
         report = runner(
             self.config.url,
             requests,
-            timeout_s=self.config.timeout_s,
+            timeout_s=self.config.request_timeout_s,
             api_key=self.config.api_key,
             special_ids=self.config.special_ids,
             vocab_size=self.config.vocab_size,
@@ -227,7 +235,7 @@ class Canary:
             check,
             config.url,
             config.served_name,
-            timeout_s=config.timeout_s,
+            timeout_s=config.request_timeout_s,
             api_key=config.api_key,
             readings=1,
         )
@@ -237,11 +245,11 @@ class Canary:
         """The reader of vLLM's NaN counter for this canary's server, or None with `metrics_every_s` 0."""
         from deploykit.canary.nan_counter import NanCounterPoller
 
-        if self.config.metrics_every_s <= 0:
+        if self.config.settings.metrics_every_s <= 0:
             return None
         return NanCounterPoller(
             self.config.url,
-            every_s=self.config.metrics_every_s,
+            every_s=self.config.settings.metrics_every_s,
             api_key=self.config.api_key,
             on_growth=self.live_nan,
             on_reading=self._note_reading,
@@ -328,9 +336,9 @@ class Canary:
             if run_only:
                 return None
             quiet = moment - self._last_beat
-        allowed = self.config.every_s + self.config.timeout_s + defaults.RUN_GRACE_S
-        if quiet > allowed:
-            return f"no canary run for {quiet:.0f} s (runs every {self.config.every_s:g} s): the runs stopped"
+        every_s = self.config.settings.every_s
+        if quiet > every_s + self.config.request_timeout_s + defaults.RUN_GRACE_S:
+            return f"no canary run for {quiet:.0f} s (runs every {every_s:g} s): the runs stopped"
         return None
 
     def liveness(self) -> tuple[bool, str]:
@@ -426,7 +434,7 @@ class Canary:
             report,
             now,
             url=redact_url(config.url),
-            every_s=config.every_s,
+            every_s=config.settings.every_s,
             runs=self.runs,
             profile_name=config.profile_name,
             profile_id=config.profile_id,

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from deploykit.canary.defaults import MISS_LIMIT
+from deploykit.canary.settings import DEFAULTS
 from deploykit.smoke.judge import OUT_OF_RANGE_HINTS
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ class CanaryState:
     """The status, the streaks that move it, and the diagnosis it shows."""
 
     rotation_len: int = 1
-    miss_limit: int = MISS_LIMIT
+    miss_limit: int = DEFAULTS.miss_limit
     status: Status = "starting"
     consecutive_misses: int = 0
     passes_since_wrong: int = 0

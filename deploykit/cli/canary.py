@@ -8,7 +8,12 @@ import typer
 
 from deploykit import exit_codes
 from deploykit.canary import defaults
-from deploykit.cli.options import WholeNumber, seconds
+from deploykit.canary.settings import DEFAULTS, MIN_EVERY_S, SETTINGS
+from deploykit.cli.options import setting_parser
+
+# The settings' options: their names, defaults and bounds are `CanarySettings`' (deploykit.canary.settings).
+EVERY, METRICS_EVERY, LISTEN = SETTINGS["every_s"], SETTINGS["metrics_every_s"], SETTINGS["listen"]
+TIMEOUT, MISS_LIMIT = SETTINGS["timeout_s"], SETTINGS["miss_limit"]
 
 
 def canary(
@@ -20,27 +25,27 @@ def canary(
         str | None,
         typer.Option("--model", help="The served model name (default: the profile's, else the first)."),
     ] = None,
-    every: Annotated[
+    every_s: Annotated[
         float,
         typer.Option(
-            "--every",
-            parser=seconds(defaults.MIN_EVERY_S),
-            help=f"Seconds between runs (start to start), at least {defaults.MIN_EVERY_S:g}.",
+            EVERY.flag,
+            parser=setting_parser(EVERY),
+            help=f"Seconds between runs (start to start), at least {MIN_EVERY_S:g}.",
         ),
-    ] = defaults.EVERY_S,
-    metrics_every: Annotated[
+    ] = DEFAULTS.every_s,
+    metrics_every_s: Annotated[
         float,
         typer.Option(
-            "--metrics-every",
-            parser=seconds(0.0),
+            METRICS_EVERY.flag,
+            parser=setting_parser(METRICS_EVERY),
             help="Seconds between reads of the server's /metrics for vLLM's NaN counter "
             "(vllm:corrupted_requests, on with VLLM_COMPUTE_NANS_IN_LOGITS=1): /healthz turns 503 as soon as "
             "it grows, between runs. 0: off.",
         ),
-    ] = defaults.METRICS_EVERY_S,
+    ] = DEFAULTS.metrics_every_s,
     listen: Annotated[
-        str, typer.Option("--listen", help="HOST:PORT for /healthz (200 right, 503 wrong) and /metrics.")
-    ] = defaults.LISTEN,
+        str, typer.Option(LISTEN.flag, help="HOST:PORT for /healthz (200 right, 503 wrong) and /metrics.")
+    ] = DEFAULTS.listen,
     store: Annotated[
         str | None,
         typer.Option(
@@ -60,22 +65,22 @@ def canary(
             "is picked up without a restart. Wins over --api-key-env.",
         ),
     ] = None,
-    timeout: Annotated[
+    timeout_s: Annotated[
         float | None,
         typer.Option(
-            "--timeout",
-            parser=seconds(0.0, low_open=True),
+            TIMEOUT.flag,
+            parser=setting_parser(TIMEOUT),
             help=f"Seconds per request (default: the profile's, else {defaults.REQUEST_TIMEOUT_S:g}).",
         ),
-    ] = None,
+    ] = DEFAULTS.timeout_s,
     miss_limit: Annotated[
         int,
         typer.Option(
-            "--miss-limit",
-            parser=WholeNumber(1, 1_000_000),
+            MISS_LIMIT.flag,
+            parser=setting_parser(MISS_LIMIT),
             help="Runs in a row without an answer before /healthz says 503.",
         ),
-    ] = defaults.MISS_LIMIT,
+    ] = DEFAULTS.miss_limit,
     exit_on_corruption: Annotated[
         bool,
         typer.Option(
@@ -120,22 +125,26 @@ def canary(
     /livez turns 503 only on corruption (or when the server's own /health does not answer): for liveness
     probes, which must never restart a server for being busy."""
     from deploykit.canary.command import CanaryOptions, run_canary
+    from deploykit.canary.settings import check_settings
 
+    settings = check_settings(  # a CanaryError, one line naming the option, before anything starts
+        every_s=every_s,
+        timeout_s=timeout_s,
+        metrics_every_s=metrics_every_s,
+        miss_limit=miss_limit,
+        listen=listen,
+    )
     options = CanaryOptions(
         url=url,
+        settings=settings,
         profile=profile,
         model=model,
-        every_s=every,
-        listen=listen,
         store_url=store,
         store=not no_store,
         api_key_env=api_key_env,
-        timeout_s=timeout,
-        miss_limit=miss_limit,
         exit_on_corruption=exit_on_corruption,
         watch_restarts=watch_restarts,
         verdict_file=verdict_file,
-        metrics_every_s=metrics_every,
         api_key_file=api_key_file,
         keep_running=keep_running,
     )

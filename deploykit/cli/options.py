@@ -18,6 +18,7 @@ from deploykit import exit_codes
 from deploykit.errors import UsageError
 
 if TYPE_CHECKING:
+    from deploykit.canary.settings import Setting
     from deploykit.probe.facts import ProbeFacts
     from deploykit.profile.schema import FixMode, LoadedProfile
 
@@ -114,6 +115,20 @@ class WholeNumber:
 def seconds(low: float = 0.0, *, low_open: bool = False, high: float = SECONDS_MAX) -> FiniteFloat:
     """A duration option's parser, e.g. `typer.Option("--every", parser=seconds(0.1))`."""
     return FiniteFloat(low, high, low_open=low_open, unit="seconds")
+
+
+def setting_parser(setting: Setting, *, off: bool = False) -> FiniteFloat | WholeNumber:
+    """The option type of a canary setting, from its declared bounds (`deploykit.canary.settings`); `off`:
+    0 is taken too (serve's `--canary-every 0`: no canary). What the type lets through (`--metrics-every`
+    between 0 and 0.1), `check_settings` refuses in one line naming the option."""
+    bounds = setting.bounds
+    if bounds is None:
+        raise ValueError(f"{setting.name} has no bounds: it is not a number")
+    if bounds.whole:
+        return WholeNumber(int(bounds.low), int(bounds.high))
+    if bounds.off or off:
+        return seconds(0.0, high=bounds.high)
+    return seconds(bounds.low, low_open=bounds.low_open, high=bounds.high)
 
 
 ROW_ID = WholeNumber(1)

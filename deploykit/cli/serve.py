@@ -12,6 +12,7 @@ import typer
 
 from deploykit.canary import defaults as canary_defaults
 from deploykit.canary.defaults import OnCorruption
+from deploykit.canary.settings import DEFAULTS, MIN_EVERY_S, SETTINGS
 from deploykit.cli.options import (
     ROW_ID,
     ROW_LIMIT,
@@ -23,6 +24,7 @@ from deploykit.cli.options import (
     TableOrJson,
     WholeNumber,
     seconds,
+    setting_parser,
 )
 
 if TYPE_CHECKING:
@@ -52,19 +54,20 @@ def serve(
     log_dir: Annotated[
         Path | None, typer.Option("--log-dir", help="Where vLLM's log goes (default: user log dir).")
     ] = None,
-    canary_every: Annotated[
+    every_s: Annotated[
         float,
         typer.Option(
-            "--canary-every",
-            parser=seconds(0.0),
+            str(SETTINGS["every_s"].serve_flag),
+            parser=setting_parser(SETTINGS["every_s"], off=True),
             help=f"While serving, check the output with the canary every S seconds (at least "
-            f"{canary_defaults.MIN_EVERY_S:g}; 0: no canary).",
+            f"{MIN_EVERY_S:g}; 0: no canary).",
         ),
-    ] = canary_defaults.EVERY_S,
-    canary_listen: Annotated[
+    ] = DEFAULTS.every_s,
+    listen: Annotated[
         str | None,
         typer.Option(
-            "--canary-listen", help="HOST:PORT for the canary's /healthz and /metrics (default: off)."
+            str(SETTINGS["listen"].serve_flag),
+            help="HOST:PORT for the canary's /healthz and /metrics (default: off).",
         ),
     ] = None,
     on_corruption: Annotated[
@@ -96,24 +99,18 @@ def serve(
 
     While serving, an in-process canary checks the output every --canary-every seconds and acts on
     corruption (--on-corruption); slowness and timeouts are never corruption."""
+    from deploykit.canary.settings import SERVE_FLAGS, check_settings
     from deploykit.cli.options import fail, parse_fix_overrides
+    from deploykit.errors import CanaryError
     from deploykit.serve.attempt import ServeOptions, run_serve
 
-    if canary_every > 0:  # 0: no canary; any other interval is checked as `deploykit canary --every` is
-        from deploykit.canary.config import SERVE_FLAGS, check_settings
-        from deploykit.errors import CanaryError
-
-        try:
-            check_settings(SERVE_FLAGS, every_s=canary_every)
-        except CanaryError as exc:
-            fail(f"serve: {exc}")
-    if canary_listen is not None:
-        from deploykit.canary.listener import parse_listen
-
-        try:
-            parse_listen(canary_listen, "--canary-listen")
-        except ValueError as exc:
-            fail(f"serve: {exc}")
+    # The canary's settings, checked as `deploykit canary --every/--listen` are (one declaration, one
+    # parser); `--canary-every 0`: no canary, `--canary-listen` left out: no listener.
+    given = {"every_s": every_s or DEFAULTS.every_s, "listen": DEFAULTS.listen if listen is None else listen}
+    try:
+        settings = check_settings(SERVE_FLAGS, **given)
+    except CanaryError as exc:
+        fail(f"serve: {exc}")
     options = ServeOptions(
         profile=profile,
         overrides=parse_fix_overrides(fix),
@@ -122,8 +119,8 @@ def serve(
         store_url=store,
         quiet=quiet or not verbose,
         log_dir=log_dir,
-        canary_every=canary_every,
-        canary_listen=canary_listen,
+        canary=settings if every_s > 0 else None,
+        canary_http=listen is not None,
         on_corruption=on_corruption,
         max_restarts_per_hour=max_restarts_per_hour,
         restart_backoff_s=restart_backoff,

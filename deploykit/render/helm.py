@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from deploykit import net
-from deploykit.canary import defaults as canary_defaults
+from deploykit.canary.settings import DEFAULTS, helm_values
 from deploykit.driver_cuda import with_driver_expression
 from deploykit.render.common import (
     RenderedFile,
@@ -47,9 +47,6 @@ PROBE_PERIOD_S = 10
 PLUGIN_PATH = "/opt/deploykit"
 # The chart's own copy of the plugin wheel, beside its templates (read by `.Files.Get`).
 CHART_FILES_DIR = "files"
-CANARY_PORT = int(canary_defaults.LISTEN.rpartition(":")[2])
-CANARY_EVERY_S = int(canary_defaults.EVERY_S)
-CANARY_MISS_LIMIT = canary_defaults.MISS_LIMIT
 # A verdict file the canary has not rewritten for this long says nothing (a hung canary): several runs.
 VERDICT_MAX_AGE_S = 600
 # Kubernetes' default progress deadline (600 s) is shorter than a big model's load: the rollout may take
@@ -256,9 +253,7 @@ def canary_values() -> dict[str, Any]:
         "enabled": True,
         "image": "",
         "pullPolicy": "IfNotPresent",
-        "port": CANARY_PORT,
-        "every": CANARY_EVERY_S,
-        "missLimit": CANARY_MISS_LIMIT,
+        **helm_values(DEFAULTS),  # `every`, `missLimit`, `port`: the canary's own defaults (HELM_KEYS)
         "verdictMaxAgeSeconds": VERDICT_MAX_AGE_S,
         "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
         "securityContext": container_security_context(read_only_root=True),

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from deploykit import net
 from deploykit.canary import defaults as canary_defaults
+from deploykit.canary.settings import DEFAULTS, CanarySettings, canary_args, shown
 from deploykit.plugin_contract import ENTRY_POINT, ENTRY_POINT_NAME
 from deploykit.render import escape
 from deploykit.render.common import (
@@ -34,12 +35,13 @@ if TYPE_CHECKING:
 ENV_DIR = "/etc/deploykit"
 # Beyond the profile's start-up time: process start, and the gap between health polls.
 START_TIMEOUT_MARGIN_S = 60
-# The canary unit: its interval and its /healthz, /livez and /metrics listener (loopback only), on a port
-# of its own per profile: the server's port + CANARY_PORT_OFFSET (8000 → 9400), so that profiles on distinct
-# server ports get distinct canary ports on one host.
-CANARY_EVERY_S = int(canary_defaults.EVERY_S)
+# The canary unit: the canary's default settings (deploykit.canary.settings), its /healthz, /livez and
+# /metrics listener on loopback, on a port of its own per profile: the server's port + CANARY_PORT_OFFSET
+# (8000 → 9400), so that profiles on distinct server ports get distinct canary ports on one host.
 CANARY_HOST = "127.0.0.1"
 CANARY_PORT_OFFSET = 1400
+# The settings the unit passes to `deploykit canary` (the rest are its defaults there too).
+UNIT_SETTINGS = ("every_s", "listen")
 # Restart storms: at most this many corruption restarts of the server within the window; the next corruption
 # verdict stops it (deploykit/render/on_corruption.py).
 CORRUPTION_MAX_RESTARTS = canary_defaults.MAX_RESTARTS_PER_HOUR
@@ -123,14 +125,15 @@ def secret_lines(plan: Plan) -> list[SecretLine]:
     return lines
 
 
-def canary_listen(loaded: LoadedProfile) -> str:
-    """HOST:PORT of the canary's listener: loopback, the server's port + CANARY_PORT_OFFSET (the server's
-    port - CANARY_PORT_OFFSET when that would pass 65535)."""
+def canary_settings(loaded: LoadedProfile) -> CanarySettings:
+    """The canary unit's settings: the defaults, listening on loopback at the server's port +
+    CANARY_PORT_OFFSET (the server's port - CANARY_PORT_OFFSET when that would pass 65535); checked as
+    `deploykit canary --listen` checks it (one line naming the option)."""
     port = loaded.profile.serve.port
     canary_port = (
         port + CANARY_PORT_OFFSET if port + CANARY_PORT_OFFSET <= 65535 else port - CANARY_PORT_OFFSET
     )
-    return f"{CANARY_HOST}:{canary_port}"
+    return DEFAULTS.replace(listen=f"{CANARY_HOST}:{canary_port}")
 
 
 def smoke_url(loaded: LoadedProfile) -> str:
@@ -234,8 +237,8 @@ def render_systemd(plan: Plan, loaded: LoadedProfile, options: SystemdOptions) -
     smoke_timeout = int(profile.smoke.timeout_s) * 6 + START_TIMEOUT_MARGIN_S
     canary_unit = f"{unit}-canary"
     canary_argv = [str(bin_dir / "deploykit"), "canary", "--url", url, "--profile", profile_file]
-    listen = canary_listen(loaded)
-    canary_argv += ["--every", str(CANARY_EVERY_S), "--listen", listen, "--exit-on-corruption"]
+    canary = canary_settings(loaded)
+    canary_argv += [*canary_args(canary, *UNIT_SETTINGS), "--exit-on-corruption"]
     # Its own trouble (a key the server refuses, a name it does not serve) is a `misconfigured` verdict and a
     # journal line, never an exit (exit 3 restarts the server; issue 34).
     canary_argv += ["--keep-running"]
@@ -279,7 +282,7 @@ def render_systemd(plan: Plan, loaded: LoadedProfile, options: SystemdOptions) -
         "canary_unit": canary_unit,
         "canary_exec": command_line(canary_argv),
         "on_corruption_exec": command_line(on_corruption),
-        "canary_every_s": CANARY_EVERY_S,
+        "canary": {name: shown(getattr(canary, name)) for name in UNIT_SETTINGS},
         "restart_exit_statuses": " ".join(str(status) for status in SERVER_RESTART_EXIT_STATUSES),
         "ledger": f"{LEDGER_DIR}/{unit}.service",
         # Known-bad combinations that apply (deploykit advisories); applied ones are in the argv/env below.
@@ -288,7 +291,6 @@ def render_systemd(plan: Plan, loaded: LoadedProfile, options: SystemdOptions) -
             + (f": {a.change}" if a.change else "")
             for a in plan.advisories
         ],
-        "canary_listen": listen,
         "corruption_max_restarts": CORRUPTION_MAX_RESTARTS,
         "corruption_window_s": CORRUPTION_WINDOW_S,
     }

@@ -153,13 +153,8 @@ def listen_addresses(options: ServeOptions, host: str, port: int) -> list[Listen
     """Every address this run will listen on: vLLM's, and in serving mode the canary's `--canary-listen`."""
     addresses = [ListenAddress("vLLM", host, port, "pass --port N")]
     if options.canary_listens:
-        from deploykit.canary.listener import parse_listen
-
-        assert options.canary_listen is not None
-        try:
-            canary_host, canary_port = parse_listen(options.canary_listen, "--canary-listen")
-        except ValueError as exc:
-            raise StageFailure(Stage.PORT, str(exc)) from None
+        assert options.canary is not None
+        canary_host, canary_port = options.canary.listen_address  # (checked when the settings were made)
         addresses.append(
             ListenAddress("the canary's /healthz", canary_host, canary_port, "pass --canary-listen HOST:PORT")
         )

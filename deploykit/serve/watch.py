@@ -2,7 +2,7 @@
 
 Some corruption comes later (the LoRA field report: correct until one long prompt, then token 0 for good
 with HTTP 200 and a healthy `/health`). While serving, the canary (`deploykit.canary`) checks the
-output every `canary_every_s` seconds. A run whose answers are *wrong* (NaN/inf, token 0 or specials, an
+output every `--canary-every` seconds. A run whose answers are *wrong* (NaN/inf, token 0 or specials, an
 answer that changed at a clear margin) is corruption; timeouts, refused connections and HTTP 5xx/429 are
 misses and never corruption (a busy server is not a broken one). A hung engine (requests waiting on it,
 no token produced for `HUNG_AFTER_S`, while its `/health` may say 200 for hours) is acted on like
@@ -95,7 +95,7 @@ class CanaryWatch:
     """The in-process canary on its own thread, and an event (`corrupt`) set by each run whose answers were
     wrong and when the engine is hung: both mean vLLM must be restarted or stopped."""
 
-    def __init__(self, canary: Canary, ui: ConsoleUI, listen: str | None) -> None:
+    def __init__(self, canary: Canary, ui: ConsoleUI, http: bool) -> None:
         self.canary = canary
         self.ui = ui
         self.corrupt = threading.Event()
@@ -108,10 +108,10 @@ class CanaryWatch:
         canary.on_warning = lambda message: ui.warn(message)
         canary.on_live_nan = self._on_live_nan
         canary.on_hung = self._on_hung
-        if listen is not None:
-            from deploykit.canary.listener import parse_listen, serve_http
+        if http:  # on the settings' `listen` address (`--canary-listen`), checked when they were made
+            from deploykit.canary.listener import serve_http
 
-            host, port = parse_listen(listen)
+            host, port = canary.config.settings.listen_address
             self._http = serve_http(canary, host, port)
             bound = self._http.server_address[1]
             ui.say(f"canary: /healthz and /metrics on http://{host}:{bound}")
@@ -170,7 +170,7 @@ class CanaryWatch:
         fraction of a second even when the run's request hangs); /healthz keeps answering."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=self.canary.config.timeout_s * 4 + 30)
+            self._thread.join(timeout=self.canary.config.request_timeout_s * 4 + 30)
         for reader in (self._poller_thread, self._progress_thread):
             if reader is not None:  # a read in flight ends within its timeout
                 reader.join(timeout=canary_defaults.METRICS_TIMEOUT_S * 2)
@@ -192,7 +192,7 @@ def start_watch(attempt: Attempt, ui: ConsoleUI) -> CanaryWatch | None:
     from deploykit.canary.runner import Canary
 
     options = attempt.options
-    if options.canary_every <= 0:
+    if options.canary is None:
         return None
     assert attempt.loaded is not None and attempt.plan is not None and attempt.base_url is not None
     profile = attempt.loaded.profile
@@ -201,14 +201,14 @@ def start_watch(attempt: Attempt, ui: ConsoleUI) -> CanaryWatch | None:
         attempt.loaded.id,
         url=attempt.base_url,
         model_path=attempt.plan.model_path,
-        every_s=options.canary_every,
+        settings=options.canary,
         api_key=profile_api_key(profile),
         store_url=options.store_url,
     )
     config.fingerprint = attempt.fingerprint_check  # the start-up smoke's key: the canary compares alike
-    watch = CanaryWatch(Canary(config), ui, options.canary_listen)
+    watch = CanaryWatch(Canary(config), ui, options.canary_http)
     ui.say(
-        f"canary: every {config.every_s:g} s, rotation {', '.join(watch.canary.labels)}; "
+        f"canary: every {config.settings.every_s:g} s, rotation {', '.join(watch.canary.labels)}; "
         f"on corruption: {options.on_corruption}"
     )
     return watch

@@ -19,9 +19,10 @@ import httpx
 import pytest
 
 from deploykit.canary.config import CanaryOptions, build_config, config_for_profile
-from deploykit.canary.listener import parse_listen, serve_http
+from deploykit.canary.listener import serve_http
 from deploykit.canary.rotation import CANARY_LONG_PROMPT_TOKENS, case_labels, rotation_for, run_requests
 from deploykit.canary.runner import Canary, CanaryConfig, RunSummary
+from deploykit.canary.settings import SETTINGS, CanarySettings, parse_listen
 from deploykit.canary.state import CanaryState, outcome_of
 from deploykit.profile.load import load_profile
 from deploykit.profile.schema import Profile, SmokeCase
@@ -75,12 +76,13 @@ class Clock:
 def make(tmp_path: Path, *reports: SmokeReport, **config: Any) -> tuple[Canary, Script, Clock]:
     script, clock = Script(*reports), Clock()
     cases = config.pop("cases", [SmokeCase(kind="completion"), SmokeCase(kind="repeat")])
+    settings = {"every_s": 5, **{name: config.pop(name) for name in SETTINGS if name in config}}
     canary = Canary(
         CanaryConfig(
             url="http://127.0.0.1:1",
             served_name="tiny",
             cases=cases,
-            every_s=5,
+            settings=CanarySettings(**settings),
             store_url=f"sqlite:///{tmp_path / 'results.sqlite'}",
             **config,
         ),
@@ -279,7 +281,7 @@ def test_verdict_file_says_starting_then_each_runs_verdict_rewritten_every_run(t
     path = tmp_path / "shared" / "verdict.json"
     path.parent.mkdir()
     canary, script, clock = make(tmp_path, GOOD, GOOD, WRONG, store=False, verdict_file=str(path))
-    canary.config.every_s = 0  # run_forever without waiting between runs
+    canary.config.settings = canary.config.settings.replace(every_s=0.1)  # runs at the shortest interval
     seen: list[dict[str, Any]] = []
     stop = threading.Event()
 
@@ -412,6 +414,7 @@ def test_run_canary_warns_on_stderr_when_the_verdict_file_cannot_be_written(tmp_
 RUN_CANARY = """
 import os, signal, sys
 from deploykit.canary import command as module
+from deploykit.canary.settings import CanarySettings
 from deploykit.profile.schema import Profile, SmokeCase
 from deploykit.smoke import CaseResult, summarise
 
@@ -429,12 +432,13 @@ def runner(url, requests, **kwargs):
 real_canary = module.Canary
 module.Canary = lambda config, **kw: real_canary(config, runner=runner, **kw)
 module.build_config = lambda options: module.CanaryConfig(
-    url=options.url, served_name="m", cases=[SmokeCase(kind="completion")], every_s=0.01, store=False,
+    url=options.url, served_name="m", cases=[SmokeCase(kind="completion")],
+    settings=options.settings.replace(every_s=0.1), store=False,
     verdict_file=options.verdict_file,
 )
 options = module.CanaryOptions(
-    url="http://127.0.0.1:1", listen="127.0.0.1:0", store=False, watch_restarts=False,
-    verdict_file=sys.argv[1],
+    url="http://127.0.0.1:1", settings=CanarySettings(listen="127.0.0.1:0"), store=False,
+    watch_restarts=False, verdict_file=sys.argv[1],
 )
 sys.exit(module.run_canary(options))
 """

@@ -20,6 +20,7 @@ import pytest
 
 from deploykit.canary.nan_counter import NanCounterPoller
 from deploykit.canary.runner import Canary, CanaryConfig
+from deploykit.canary.settings import CanarySettings
 from deploykit.profile.schema import SmokeCase
 from tests.smoke.hostile_server import MODEL, Hostile
 
@@ -34,9 +35,8 @@ def canary_for(url: str) -> Canary:
         url=url,
         served_name=MODEL,
         cases=[SmokeCase(kind="completion")],
-        timeout_s=DEADLINE_S,
+        settings=CanarySettings(timeout_s=DEADLINE_S, metrics_every_s=0),
         store=False,
-        metrics_every_s=0,
     )
     return Canary(config)
 

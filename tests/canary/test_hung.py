@@ -32,6 +32,7 @@ from deploykit.canary.progress import (
     read_progress,
 )
 from deploykit.canary.runner import Canary, CanaryConfig
+from deploykit.canary.settings import SETTINGS, CanarySettings
 from deploykit.canary.state import CanaryState
 from deploykit.profile.schema import SmokeCase
 from deploykit.smoke import CaseResult, SmokeReport, summarise
@@ -124,11 +125,13 @@ def test_the_canarys_own_waiting_request_counts_when_the_engine_never_reported_i
 
 
 def make_canary(tmp_path: Path, **config: Any) -> Canary:
+    settings = {name: config.pop(name) for name in SETTINGS if name in config}
     return Canary(
         CanaryConfig(
             url="http://127.0.0.1:1",
             served_name="m",
             cases=[SmokeCase(kind="completion")],
+            settings=CanarySettings(**settings),
             store=False,
             verdict_file=str(tmp_path / "verdict.json"),
             **config,
@@ -290,6 +293,7 @@ RUN_CANARY = """
 import sys, threading
 from pathlib import Path
 from deploykit.canary import command as module
+from deploykit.canary.settings import CanarySettings
 from deploykit.profile.schema import SmokeCase
 from deploykit.smoke import CaseResult, summarise
 
@@ -311,11 +315,13 @@ def runner(url, requests, **kwargs):
 real_canary = module.Canary
 module.Canary = lambda config, **kw: real_canary(config, runner=runner, **kw)
 module.build_config = lambda options: module.CanaryConfig(
-    url=options.url, served_name="m", cases=[SmokeCase(kind="completion")], every_s=0.1, store=False,
+    url=options.url, served_name="m", cases=[SmokeCase(kind="completion")],
+    settings=options.settings.replace(every_s=0.1), store=False,
     verdict_file=options.verdict_file, hung_after_s=0,
 )
 options = module.CanaryOptions(
-    url="http://127.0.0.1:1", listen="127.0.0.1:0", store=False, watch_restarts=False, verdict_file=verdict,
+    url="http://127.0.0.1:1", settings=CanarySettings(listen="127.0.0.1:0"), store=False,
+    watch_restarts=False, verdict_file=verdict,
 )
 sys.exit(module.run_canary(options))
 """

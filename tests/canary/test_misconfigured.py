@@ -23,6 +23,7 @@ import pytest
 from deploykit.canary import defaults
 from deploykit.canary.loop import run_stoppable
 from deploykit.canary.runner import Canary, CanaryConfig
+from deploykit.canary.settings import SETTINGS, CanarySettings
 from deploykit.profile.schema import SmokeCase
 from deploykit.render.pod_probe import decide
 from deploykit.smoke import CaseResult, SmokeReport, summarise
@@ -37,9 +38,8 @@ def canary_for(url: str, tmp_path: Path, **changes: Any) -> Canary:
         url=url,
         served_name=MODEL,
         cases=[SmokeCase(kind="completion")],
-        timeout_s=5.0,
+        settings=CanarySettings(timeout_s=5.0, metrics_every_s=0),
         store=False,
-        metrics_every_s=0,
         verdict_file=str(tmp_path / "verdict.json"),
         **changes,
     )
@@ -144,13 +144,13 @@ GOOD = summarise(
 
 
 def scripted(tmp_path: Path, runner: Any, keep_running: bool, **changes: Any) -> Canary:
+    settings = {name: changes.pop(name) for name in SETTINGS if name in changes}
     config = CanaryConfig(
         url="http://127.0.0.1:1",
         served_name="m",
         cases=[SmokeCase(kind="completion")],
-        every_s=0.1,
+        settings=CanarySettings(every_s=0.1, metrics_every_s=0, **settings),
         store=False,
-        metrics_every_s=0,
         hung_after_s=0,
         verdict_file=str(tmp_path / "verdict.json"),
         keep_running=keep_running,

@@ -18,9 +18,10 @@ import httpx
 import pytest
 
 from deploykit.canary import defaults
-from deploykit.canary.config import CanaryOptions, check_options, config_for_profile, counts_nan_logits
+from deploykit.canary.config import config_for_profile, counts_nan_logits
 from deploykit.canary.listener import serve_http
 from deploykit.canary.nan_counter import CounterReading, CounterWatch, NanCounterPoller, read_counter
+from deploykit.canary.settings import DEFAULTS, check_settings
 from deploykit.canary.state import CanaryState
 from deploykit.errors import CanaryError
 from deploykit.plan import build_env
@@ -187,7 +188,7 @@ def test_a_growing_counter_turns_healthz_503_between_runs_with_a_row(tmp_path: P
     fake = FakeVllmMetrics()
     with fake.serving() as url:
         # One run, by hand, and no run loop: the counter alone must move the verdict.
-        canary, script, _ = make(tmp_path, GOOD, metrics_every_s=0.05, api_key="k-123")
+        canary, script, _ = make(tmp_path, GOOD, metrics_every_s=0.1, api_key="k-123")
         canary.config.url = url
         seen: list[Any] = []
         canary.on_live_nan = seen.append
@@ -269,11 +270,11 @@ def test_a_server_without_the_counter_is_said_once_and_never_judged(tmp_path: Pa
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0, 0.05])
 def test_metrics_every_that_no_canary_can_use_is_refused(value: float) -> None:
     with pytest.raises(CanaryError, match="--metrics-every"):
-        check_options(CanaryOptions(url="http://127.0.0.1:8000", metrics_every_s=value))
+        check_settings(metrics_every_s=value)
 
 
 def test_metrics_every_zero_turns_the_reading_off(tmp_path: Path) -> None:
-    check_options(CanaryOptions(url="http://127.0.0.1:8000", metrics_every_s=0))
+    check_settings(metrics_every_s=0)
     canary, _, _ = make(tmp_path, metrics_every_s=0)
     assert canary.nan_poller() is None
 
@@ -288,6 +289,6 @@ def test_the_plan_sets_the_variable_unless_the_profile_says_no() -> None:
     assert build_env(env_off, [])[0][defaults.NAN_COUNTER_ENV] == "0" and not counts_nan_logits(env_off)
     # The canary of a profile whose server does not count reads no /metrics for it.
     config = config_for_profile(off, None, url="http://127.0.0.1:8000", model_path=None)
-    assert config.metrics_every_s == 0
+    assert config.settings.metrics_every_s == 0
     on = config_for_profile(profile, None, url="http://127.0.0.1:8000", model_path=None)
-    assert on.metrics_every_s == defaults.METRICS_EVERY_S
+    assert on.settings.metrics_every_s == DEFAULTS.metrics_every_s

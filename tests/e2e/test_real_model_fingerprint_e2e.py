@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from deploykit.canary.runner import Canary, CanaryConfig
+from deploykit.canary.settings import CanarySettings
 from deploykit.fleet_baseline import check_for_server
 from deploykit.profile.load import load_profile
 from deploykit.profile.schema import SmokeCase
@@ -65,9 +66,8 @@ def test_finite_drift_on_the_real_model_fails_the_canarys_fingerprint(
         url=server.base_url,
         served_name=server.served_name,
         cases=[SmokeCase(kind="completion", max_tokens=8)],
-        timeout_s=TIMEOUT_S,
+        settings=CanarySettings(timeout_s=TIMEOUT_S, metrics_every_s=0),
         store=False,
-        metrics_every_s=0,
         fingerprint=check,
     )
     canary = Canary(config)

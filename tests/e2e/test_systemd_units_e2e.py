@@ -44,8 +44,9 @@ from pathlib import Path
 import pytest
 
 from deploykit.canary.defaults import HUNG_AFTER_S
+from deploykit.canary.settings import DEFAULTS as CANARY_DEFAULTS
 from deploykit.render.on_corruption import LEDGER_DIR, STAGE_RESTART, STAGE_STOPPED
-from deploykit.render.systemd import CANARY_EVERY_S, CORRUPTION_MAX_RESTARTS
+from deploykit.render.systemd import CORRUPTION_MAX_RESTARTS
 from tests.e2e.fault_worker import FAULT_KEY, TOKENS_ENV, WORKER_CLS
 from tests.e2e.nspawn_prefix import make_prefix
 from tests.e2e.nspawn_runtime import NspawnMachine, wait_for
@@ -443,7 +444,7 @@ def test_killed_canary_restarts_itself_never_the_server(deployments: tuple[Deplo
 HANG = {"model": "tiny", "prompt": "hello", "max_tokens": 2, "vllm_xargs": {FAULT_KEY: "hang"}}
 # The rendered canary runs every 60 s: its next request waits on the hung engine, `hung` once it has waited
 # HUNG_AFTER_S with no token; then exit 5, the stop of a hung vLLM (SIGTERM, then SIGKILL) and the new start.
-HANG_DETECT_S = CANARY_EVERY_S + HUNG_AFTER_S + 180.0
+HANG_DETECT_S = CANARY_DEFAULTS.every_s + HUNG_AFTER_S + 180.0
 
 
 def test_a_hung_engine_restarts_the_server_through_the_canary(

@@ -164,3 +164,32 @@ def test_an_interval_the_verdict_s_maximum_age_would_ignore_is_refused(charts: d
     )
     assert both.returncode == 0, both.stderr
     assert run_helm("template", "x", str(root), "--set", "canary.every=300").returncode == 0
+
+
+def test_each_declared_setting_reaches_the_canary_under_its_flag(charts: dict[str, Chart]) -> None:
+    """The chart's canary keys (`HELM_KEYS`) become the canary's declared options: changed values arrive
+    under `deploykit canary`'s flag for the setting (`port`: the listen address, every address)."""
+    from deploykit.canary.settings import CANARY_FLAGS, HELM_KEYS
+
+    given = {"every": "7.5", "missLimit": "9", "port": "9555"}
+    assert set(given) == set(HELM_KEYS.values())
+    docs = template(
+        charts["turing"].root, *[f"--set-json=canary.{key}={value}" for key, value in given.items()]
+    )
+    command = containers(docs)["canary"]["command"]
+    passed = {name: command[command.index(CANARY_FLAGS[name]) + 1] for name in HELM_KEYS}
+    assert passed == {"every_s": "7.5", "miss_limit": "9", "listen": "0.0.0.0:9555"}
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("every", "0.05"), ("every", "604801"), ("missLimit", "0"), ("missLimit", "1000001"), ("port", "0")],
+)
+def test_helm_refuses_what_the_canary_would_refuse(charts: dict[str, Chart], key: str, value: str) -> None:
+    """Out of the declared bounds (values.schema.json, checked against `CanarySettings` in
+    tests/canary/test_settings.py): refused at install, not a crash-looping sidecar."""
+    refused = run_helm(
+        "template", "x", str(charts["turing"].root), f"--set-json=canary.{key}={value}",
+        "--set=canary.verdictMaxAgeSeconds=2000000",
+    )  # fmt: skip
+    assert refused.returncode != 0 and f"/canary/{key}" in refused.stderr, refused.stderr

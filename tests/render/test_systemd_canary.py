@@ -68,6 +68,19 @@ def test_canary_runs_deploykit_canary_with_exit_on_corruption(
     assert "WantedBy=deploykit-gemma4-turing.service" in text
 
 
+def test_the_unit_passes_the_declared_settings(turing_render: tuple[Path, dict[str, Any]]) -> None:
+    """The canary's settings in the unit are `CanarySettings`' defaults under their declared flags."""
+    from deploykit.canary.settings import CANARY_FLAGS, DEFAULTS, shown
+    from deploykit.render.systemd import UNIT_SETTINGS
+
+    argv = split_command_line(unit_value(canary_text(turing_render), "ExecStart"))
+    passed = {name: argv[argv.index(CANARY_FLAGS[name]) + 1] for name in UNIT_SETTINGS}
+    assert passed == {"every_s": shown(DEFAULTS.every_s), "listen": "127.0.0.1:9400"}
+    assert f"cases every {shown(DEFAULTS.every_s)} s, /healthz, /livez and /metrics on 127.0.0.1:9400" in (
+        canary_text(turing_render)
+    )
+
+
 def test_only_exit_3_restarts_the_server(turing_render: tuple[Path, dict[str, Any]]) -> None:
     text = canary_text(turing_render)
     # exit 3 does not restart the canary itself; any other failure restarts only the canary

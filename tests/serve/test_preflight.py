@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from deploykit import exit_codes
+from deploykit.canary.settings import CanarySettings
 from deploykit.results.record import ResultRecord
 from deploykit.results.sql.store import open_store
 from deploykit.serve import attempt as attempt_module
@@ -51,6 +52,11 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def canary_on(listen: str) -> dict[str, object]:
+    """ServeOptions' canary answering on `listen` (`--canary-listen`)."""
+    return {"canary": CanarySettings(listen=listen), "canary_http": True}
+
+
 def serve(tmp_path: Path, **options: object) -> tuple[int, ResultRecord]:
     store_url = f"sqlite:///{tmp_path / 'results.sqlite'}"
     code = run_serve(
@@ -68,7 +74,7 @@ def serve(tmp_path: Path, **options: object) -> tuple[int, ResultRecord]:
 def test_a_busy_canary_port_is_refused_before_the_model_loads(
     tmp_path: Path, busy_port: int, no_model_loads: None
 ) -> None:
-    code, record = serve(tmp_path, port=free_port(), canary_listen=f"127.0.0.1:{busy_port}")
+    code, record = serve(tmp_path, port=free_port(), **canary_on(f"127.0.0.1:{busy_port}"))
     assert code == exit_codes.FAILED
     assert (record.verdict, record.stage) == ("error", "port"), record.diagnosis
     assert f"port {busy_port} on 127.0.0.1 is already in use (the canary's /healthz)" in record.diagnosis
@@ -78,7 +84,7 @@ def test_a_busy_canary_port_is_refused_before_the_model_loads(
 
 def test_the_canary_and_vllm_on_one_port_are_refused(tmp_path: Path, no_model_loads: None) -> None:
     port = free_port()
-    code, record = serve(tmp_path, port=port, canary_listen=f"0.0.0.0:{port}")
+    code, record = serve(tmp_path, port=port, **canary_on(f"0.0.0.0:{port}"))
     assert code == exit_codes.FAILED
     assert (record.verdict, record.stage) == ("error", "port"), record.diagnosis
     assert f"both ask for port {port}" in record.diagnosis
@@ -90,11 +96,11 @@ def test_a_canary_that_does_not_run_is_not_checked(tmp_path: Path, busy_port: in
 
     listen = f"127.0.0.1:{busy_port}"
     for options in (
-        ServeOptions(profile="p", check=True, canary_listen=listen),
-        ServeOptions(profile="p", canary_every=0, canary_listen=listen),
+        ServeOptions(profile="p", check=True, **canary_on(listen)),
+        ServeOptions(profile="p", **{**canary_on(listen), "canary": None}),
     ):
         assert [a.what for a in listen_addresses(options, "127.0.0.1", 8000)] == ["vLLM"]
-    serving = ServeOptions(profile="p", canary_listen=listen)
+    serving = ServeOptions(profile="p", **canary_on(listen))
     assert [a.what for a in listen_addresses(serving, "127.0.0.1", 8000)] == ["vLLM", "the canary's /healthz"]
 
 

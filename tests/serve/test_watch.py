@@ -16,6 +16,7 @@ import pytest
 from deploykit import exit_codes
 from deploykit.canary.config import config_for_profile
 from deploykit.canary.listener import serve_http
+from deploykit.canary.settings import CanarySettings
 from deploykit.canary.state import CanaryState
 from deploykit.profile.load import load_profile
 from deploykit.results.sql.store import open_store
@@ -61,7 +62,7 @@ def test_backoff_has_a_ceiling() -> None:
 
 def test_only_wrong_answers_signal_corruption(tmp_path: Path) -> None:
     canary, _, _ = make(tmp_path, GOOD, MISS, MISS, MISS, MISS, MISS, MISS, WRONG, store=False)
-    watched = CanaryWatch(canary, ConsoleUI(quiet=True), listen=None)
+    watched = CanaryWatch(canary, ConsoleUI(quiet=True), http=False)
     for _ in range(7):  # a pass, then six misses: unreachable, never corruption
         canary.run_once()
         assert not watched.corrupt.is_set()
@@ -76,14 +77,14 @@ def test_a_hung_engine_signals_like_corruption_and_a_restart_clears_it(tmp_path:
 
     canary, _, _ = make(tmp_path, GOOD, store=False)
     canary.config.hung_after_s = 60.0
-    watched = CanaryWatch(canary, ConsoleUI(quiet=True), listen=None)
+    watched = CanaryWatch(canary, ConsoleUI(quiet=True), http=False)
     canary.observe_progress(ProgressReading(tokens=3, queued=1), now=0.0)
     assert not watched.corrupt.is_set()
     canary.observe_progress(ProgressReading(tokens=3, queued=1), now=61.0)
     assert watched.corrupt.is_set()
     assert watched.problem().startswith("engine hung: hung: the engine is hung: requests have waited 61 s")
     watched.pause()
-    canary.config.every_s = 3600.0  # one run at most while started
+    canary.config.settings = canary.config.settings.replace(every_s=3600.0)  # one run at most while started
     watched.start()  # after serve restarted vLLM: the hang was the old engine's
     try:
         assert canary.state.status in ("starting", "healthy") and not watched.corrupt.is_set()
@@ -98,8 +99,11 @@ def test_serve_passes_the_profiles_tolerances_to_its_canary() -> None:
             "smoke": loaded.profile.smoke.model_copy(update={"tie_tolerance": 0.5, "logprob_tolerance": 0.25})
         }
     )
-    config = config_for_profile(profile, loaded.id, url="http://127.0.0.1:1", model_path=None, every_s=2)
-    assert (config.tie_tolerance, config.logprob_tolerance, config.every_s) == (0.5, 0.25, 2)
+    settings = CanarySettings(every_s=2)
+    config = config_for_profile(
+        profile, loaded.id, url="http://127.0.0.1:1", model_path=None, settings=settings
+    )
+    assert (config.tie_tolerance, config.logprob_tolerance, config.settings.every_s) == (0.5, 0.25, 2)
     assert [c.kind for c in config.cases][-4:] == ["repeat", "long_then_short", "prefix_cache", "batch"]
 
 
@@ -227,7 +231,9 @@ def serving(tmp_path: Path, **options: Any) -> tuple[Attempt, str]:
     store_url = f"sqlite:///{tmp_path / 'results.sqlite'}"
     loaded = load_profile("demo-cpu")
     attempt = Attempt(
-        options=ServeOptions(profile="demo-cpu", store_url=store_url, canary_every=1, **options),
+        options=ServeOptions(
+            profile="demo-cpu", store_url=store_url, canary=CanarySettings(every_s=1), **options
+        ),
         loaded=loaded,
         base_url="http://127.0.0.1:1",
         versions={"deploykit": "test"},
