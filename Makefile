@@ -23,11 +23,14 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-# The whole suite in two runs: the fast tier on every core (its tests are safe side by side: `make check`),
-# then everything it leaves out, one test at a time (real vLLM servers, nspawn, podman, wheels).
+# The whole suite in three runs: the fast tier on every core (its tests are safe side by side: `make check`);
+# everything it leaves out (real vLLM servers, nspawn, podman, wheels) on two workers, a heavy session
+# fixture's tests on one of them (tests/conftest.py: slow_tier_group); last, one at a time, the tests that
+# measure behaviour under load they make themselves or boot a whole system in a container (marker runs_alone).
 pytest: $(STAMP)
 	$(BIN)/pytest --fast -q -n auto
-	$(BIN)/pytest --slow
+	$(BIN)/pytest --slow -n 2 --dist loadgroup -m "not runs_alone"
+	$(BIN)/pytest --slow -m runs_alone
 
 # The tiers' markers and the --fast option: tests/conftest.py. One worker per core (pytest-xdist).
 pytest-fast: $(STAMP)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,7 +34,9 @@ def pod_runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PodRuntime
     reason = unavailable_reason(parent)
     if reason:
         pytest.skip(reason)
-    runtime = PodRuntime(tmp_path_factory.mktemp("podman", numbered=True))
+    # Podman refuses a runroot path over 50 characters, and a pytest-xdist worker's temp directory is longer:
+    # a short directory of its own (close() removes it).
+    runtime = PodRuntime(Path(tempfile.mkdtemp(prefix="dk-pod-")))
     try:
         yield runtime
     finally:
