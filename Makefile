@@ -24,9 +24,9 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 # deploykit's bytecode brought up to date before the tests (tools/install-cpu-env.sh compiles it once; a
-# module edited since is stale): the fast tier starts a few hundred Python children (`python -m deploykit ...`), and where
-# PYTHONDONTWRITEBYTECODE is set (as on CI's machines) each start compiled every stale module it imports again
-# (~0.1 s CPU a start with the package stale, a sixth of its cost). Up-to-date files are skipped.
+# module edited since is stale): the fast tier starts a few hundred Python children (`python -m deploykit`),
+# and where PYTHONDONTWRITEBYTECODE is set (as on CI's machines) each compiled every stale module it imports
+# again (~0.1 s CPU a start with the whole package stale, a sixth of its cost). Up-to-date files are skipped.
 bytecode: $(STAMP)
 	$(BIN)/python -m compileall -q deploykit
 
