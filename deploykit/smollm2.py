@@ -202,13 +202,13 @@ def convert_gguf(gguf_path: Path, out: Path) -> None:
     source_dir, name = str(gguf_path.parent), gguf_path.name
     # serve has said what it is doing: no progress bars or notes of transformers' among deploykit's lines.
     verbosity = transformers_logging.get_verbosity()
-    transformers_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
-    transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    transformers_logging.set_verbosity_error()
+    transformers_logging.disable_progress_bar()
     try:
         tokenizer = AutoTokenizer.from_pretrained(source_dir, gguf_file=name)
         model = AutoModelForCausalLM.from_pretrained(source_dir, gguf_file=name, dtype=torch.float32)
     finally:
-        transformers_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
+        transformers_logging.enable_progress_bar()
         transformers_logging.set_verbosity(verbosity)
     config = checkpoint_config(model.config.to_dict())
     tensors = checkpoint_tensors(model.state_dict(), tied=bool(config.get("tie_word_embeddings")))

@@ -75,7 +75,7 @@ def train_tokenizer(vocab_size: int) -> Any:
     )
     corpus = [line for _ in range(50) for line in _CORPUS]
     tokenizer.train_from_iterator(corpus, trainer=trainer)
-    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+    fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         pad_token="<pad>",
         bos_token="<s>",
@@ -138,7 +138,7 @@ def _write_model(recipe: TinyModelRecipe, out: Path) -> None:
         tie_word_embeddings=False,
         dtype=recipe.dtype,
     )
-    model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
+    model = LlamaForCausalLM(config)
     with torch.no_grad():
         for param in model.parameters():
             param.normal_(0.0, 0.5 if param.dim() > 1 else 0.02)

@@ -121,13 +121,44 @@ def _functions_run(item: pytest.Item) -> list[Any]:
     return [f for f in functions if f is not None]
 
 
-@functools.cache
 def _imports_heavy(function: Any) -> bool:
-    """An `import torch` / `from vllm ...` anywhere in the function's own source."""
+    """An `import torch` / `from vllm ...` anywhere in the function's own source (decorators and nested
+    functions included). Read from its file's syntax tree, parsed once per file: inspect.getsource per
+    function cost a second of every worker's collection."""
+    code = getattr(inspect.unwrap(function), "__code__", None)
+    if code is not None:
+        by_line = _heavy_functions_in(code.co_filename)
+        if code.co_firstlineno in by_line:
+            return by_line[code.co_firstlineno]
+    return _imports_heavy_by_source(function)
+
+
+@functools.cache
+def _heavy_functions_in(filename: str) -> dict[int, bool]:
+    """For each function in a file, keyed by the line its code starts on (its first decorator's, else its
+    `def`'s): whether its source imports vLLM or torch."""
+    try:
+        tree = ast.parse(Path(filename).read_text(), filename)
+    except (OSError, SyntaxError, ValueError):
+        return {}
+    heavy: dict[int, bool] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            first = min([node.lineno, *(decorator.lineno for decorator in node.decorator_list)])
+            heavy[first] = _tree_imports_heavy(node)
+    return heavy
+
+
+@functools.cache
+def _imports_heavy_by_source(function: Any) -> bool:
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
     except (OSError, TypeError, SyntaxError):
         return False
+    return _tree_imports_heavy(tree)
+
+
+def _tree_imports_heavy(tree: ast.AST) -> bool:
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]

@@ -25,7 +25,7 @@ from deploykit.profile.schema import SmokeCase
 from tests.smoke.hostile_server import MODEL, Hostile
 
 REPO = Path(__file__).resolve().parents[2]
-DEADLINE_S = 2.0
+DEADLINE_S = 1.0  # four trickled bytes (TRICKLE_EVERY_S): a per-read timeout never ends it
 DEADLINE_SLACK_S = 8.0
 METRICS_RSS_CAP_MIB = 64
 

@@ -23,6 +23,9 @@ MODEL = "tiny"
 MIB = 1024 * 1024
 FLOOD_BYTES = 2 * 1024 * MIB
 METRICS_FLOOD_BYTES = 300 * MIB
+# A trickle sends one byte this often: well inside any read timeout the tests give (1 s and up), so only a
+# whole-request deadline ends it, never a per-read timeout (the bug the deadline tests catch).
+TRICKLE_EVERY_S = 0.25
 
 
 def _answer(endpoint: str, **changes: Any) -> dict[str, Any]:
@@ -196,7 +199,7 @@ class Hostile:
                 self.wfile.write(payload)
 
             def _trickle(self, payload: bytes) -> None:
-                """Headers at once, then the body one byte a second."""
+                """Headers at once, then the body one byte every TRICKLE_EVERY_S."""
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
@@ -204,17 +207,17 @@ class Hostile:
                 self.wfile.flush()
                 with contextlib.suppress(OSError):
                     for byte in payload:
-                        if hostile.stop.wait(1.0):
+                        if hostile.stop.wait(TRICKLE_EVERY_S):
                             return
                         self.wfile.write(bytes([byte]))
                         self.wfile.flush()
 
             def _trickle_headers(self) -> None:
-                """The status line and headers themselves one byte a second."""
+                """The status line and headers themselves one byte every TRICKLE_EVERY_S."""
                 head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Slow: " + b"y" * 200
                 with contextlib.suppress(OSError):
                     for byte in head:
-                        if hostile.stop.wait(1.0):
+                        if hostile.stop.wait(TRICKLE_EVERY_S):
                             return
                         self.wfile.write(bytes([byte]))
                         self.wfile.flush()

@@ -23,6 +23,7 @@ from deploykit.results.sql.schema import MIGRATIONS_TABLE, SCHEMA_VERSION, resul
 from deploykit.results.sql.store import SqlStore, open_store
 from deploykit.results.urls import display_url, normalise_url
 from deploykit.smoke import CaseResult
+from tests.results.raw_rows import raw_row
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -215,19 +216,7 @@ def test_unreachable_postgres_is_a_clear_error() -> None:
 
 def _insert_raw(store: SqlStore, **changes: object) -> int:
     """A row as another writer (a newer deploykit) might leave it: the columns as given, raw."""
-    row: dict[str, object] = {
-        "created_at": datetime(2030, 1, 1, tzinfo=UTC),
-        "command": "serve",
-        "hostname": "elsewhere",
-        "verdict": "pass",
-        "stage": "done",
-        "diagnosis": "",
-        "versions": {},
-        "timings": {},
-        "cases": [],
-        "log_tail": "",
-        **changes,
-    }
+    row = raw_row(**changes)
     with store.engine.begin() as conn:
         table = results_table(sa.MetaData())
         return int(conn.execute(sa.insert(table).values(**row).returning(table.c.id)).scalar_one())

@@ -24,6 +24,7 @@ from deploykit.results.sql.store import SqlStore, open_store
 from deploykit.results.store_row import store_row
 from deploykit.smoke import CaseResult
 from deploykit.smoke.fingerprint import Comparison
+from tests.results.raw_rows import raw_row
 from tests.results.sql.test_store_baselines import KEY, fingerprint
 from tests.vllm_harness import REPO
 
@@ -157,18 +158,7 @@ def test_passwords_older_versions_wrote_into_base_url_are_scrubbed_from_the_data
     old = SqlStore(create_store_engine(store_url), store_url)
     old.migrate(up_to=4)  # the schema of the previous release, without the additions
     v4 = results_table(sa.MetaData(), schema_version=4)
-    raw = {
-        "created_at": sa.func.now(),
-        "command": "smoke",
-        "hostname": "h",
-        "verdict": "pass",
-        "stage": "done",
-        "diagnosis": "",
-        "versions": {},
-        "timings": {},
-        "cases": [],
-        "log_tail": "",
-    }
+    raw = raw_row(created_at=sa.func.now(), command="smoke", hostname="h")
     leaked = ["http://admin:S3cretPw@10.0.0.1:8000", "http://10.0.0.1:8000/?password=S3cretPw&x=1"]
     with old.engine.begin() as conn:
         for url in [*leaked, "http://clean:8000"]:
