@@ -31,12 +31,13 @@ bytecode: $(STAMP)
 	$(BIN)/python -m compileall -q deploykit
 
 # The whole suite in three runs: the fast tier on every core (its tests are safe side by side: `make check`);
-# everything it leaves out (real vLLM servers, nspawn, podman, wheels) on two workers, a heavy session
-# fixture's tests on one of them (tests/conftest.py: slow_tier_group); last, one at a time, the tests that
-# measure behaviour under load they make themselves or boot a whole system in a container (marker runs_alone).
+# everything it leaves out (real vLLM servers, nspawn, podman, wheels) on two workers, each file's tests on
+# one of them (`--dist loadfile`: a module's servers start once; xdist's loadgroup cannot group by fixture
+# under pytest 9, which no longer lets it rename a test); last, one at a time, the tests that measure
+# behaviour under load they make themselves or boot a whole system in a container (marker runs_alone).
 pytest: $(STAMP) bytecode
 	$(BIN)/pytest --fast -q -n auto
-	$(BIN)/pytest --slow -n 2 --dist loadgroup -m "not runs_alone"
+	$(BIN)/pytest --slow -n 2 --dist loadfile -m "not runs_alone"
 	$(BIN)/pytest --slow -m runs_alone
 
 # The tiers' markers and the --fast option: tests/conftest.py. One worker per core (pytest-xdist).

@@ -256,33 +256,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         for marker in sorted(markers_for(item)):
             item.add_marker(marker)
-        if config.getoption("--slow"):
-            item.add_marker(pytest.mark.xdist_group(slow_tier_group(item)))
         if BOOTED_SYSTEMS.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.runs_alone)
 
 
-# The slow tier runs on two workers (`--dist loadgroup`, the Makefile): a session fixture that boots something
-# heavy is booted once, so every test that uses one runs on the same worker, in file order (the drifting
-# real-model test stays last, tests/e2e/conftest.py); any other test runs beside its own module's tests.
-SHARED_SESSION_FIXTURES = (
-    "real_model_server",
-    "nspawn_machine",
-    "pod_runtime",
-    "tiny_vllm",
-    "target_install",
-)
 # A whole system booted in a container (systemd in nspawn, a pod in podman) with vLLM inside: its units'
 # and probes' start-up bounds are the deployment's own, sized for a machine that is not also running another
 # vLLM, so these run in `make test`'s last part, one at a time (marker runs_alone).
 BOOTED_SYSTEMS = frozenset({"nspawn_machine", "pod_runtime"})
-
-
-def slow_tier_group(item: pytest.Item) -> str:
-    """The worker-sharing unit of a slow test: the heavy session fixture it uses, else its module."""
-    used = getattr(item, "fixturenames", ())
-    shared = next((name for name in SHARED_SESSION_FIXTURES if name in used), None)
-    return shared or item.nodeid.partition("::")[0]
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -16,16 +16,20 @@ fi
 PY="$VENV/bin/python"
 SRC="$("$PY" -c 'import importlib.util, os; print(os.path.dirname(importlib.util.find_spec("vllm").origin))')"
 DEST=.gpu-carry
+# .prepared is written last: a run cut short (or still going) leaves none, and the next one starts over.
+rm -f "$DEST/.prepared"
 rm -rf "$DEST/vllm"
+FILES="$(mktemp)"
+trap 'rm -f "$FILES"' EXIT
 mkdir -p "$DEST/vllm" "$DEST/wheels"
 
 # Model files: only what the Gemma4 Unified embedder's import chain needs (the rest is ~7 MB).
 KEEP_MODELS='^model_executor/models/(__init__|adapters|config|gemma[^/]*|interfaces[^/]*|module_mapping|registry|utils|vision|whisper[^/]*)\.py$|^model_executor/models/transformers/'
 (cd "$SRC" && find . -name '*.py' -printf '%P\n') \
   | grep -Ev '^(benchmarks|models/[^/]+/)' \
-  | grep -Ev '^model_executor/models/' > /tmp/gpu-carry-files.txt
-(cd "$SRC" && find model_executor/models -name '*.py') | grep -E "$KEEP_MODELS" >> /tmp/gpu-carry-files.txt
-tar -C "$SRC" -cf - -T /tmp/gpu-carry-files.txt | tar -C "$DEST/vllm" -xf -
+  | grep -Ev '^model_executor/models/' > "$FILES"
+(cd "$SRC" && find model_executor/models -name '*.py') | grep -E "$KEEP_MODELS" >> "$FILES"
+tar -C "$SRC" -cf - -T "$FILES" | tar -C "$DEST/vllm" -xf -
 # Non-Python data some modules read at import (json configs next to the sources).
 (cd "$SRC" && find . -name '*.json' -size -64k -printf '%P\n') \
   | grep -Ev '^(benchmarks|model_executor/layers/fused_moe/configs|model_executor/layers/quantization/utils/configs)/' \
@@ -48,4 +52,5 @@ for spec in $WHEELS; do
     -d "$DEST/wheels" "$spec" || echo "prepare.sh: could not download $spec (the kit stands in for it)" >&2
 done
 du -sh "$DEST/vllm" "$DEST/wheels"
-echo "vLLM $(cat "$DEST/vllm-version.txt") sources: $(wc -l < /tmp/gpu-carry-files.txt) files"
+echo "vLLM $(cat "$DEST/vllm-version.txt") sources: $(wc -l < "$FILES") files"
+touch "$DEST/.prepared"

@@ -30,7 +30,7 @@ STEP_KEYS = {
 
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not (REPO / ".gpu-carry" / "vllm" / "__init__.py").exists():
+    if not (REPO / ".gpu-carry" / ".prepared").exists():  # written last by prepare.sh
         subprocess.run(["bash", str(REPO / "bench" / "gpu" / "prepare.sh")], check=True, timeout=600)
     out = tmp_path_factory.mktemp("gpu-dry")
     done = subprocess.run(
