@@ -30,15 +30,11 @@ typecheck: $(STAMP)
 bytecode: $(STAMP)
 	$(BIN)/python -m compileall -q deploykit
 
-# The whole suite in three runs: the fast tier on every core (its tests are safe side by side: `make check`);
-# everything it leaves out (real vLLM servers, nspawn, podman, wheels) on two workers, each file's tests on
-# one of them (`--dist loadfile`: a module's servers start once; xdist's loadgroup cannot group by fixture
-# under pytest 9, which no longer lets it rename a test); last, one at a time, the tests that measure
-# behaviour under load they make themselves or boot a whole system in a container (marker runs_alone).
+# The whole suite in two runs: the fast tier on every core (its tests are safe side by side: `make check`),
+# then everything it leaves out, one test at a time (real vLLM servers, nspawn, podman, wheels).
 pytest: $(STAMP) bytecode
 	$(BIN)/pytest --fast -q -n auto
-	$(BIN)/pytest --slow -n 2 --dist loadfile -m "not runs_alone"
-	$(BIN)/pytest --slow -m runs_alone
+	$(BIN)/pytest --slow
 
 # The tiers' markers and the --fast option: tests/conftest.py. One worker per core (pytest-xdist).
 pytest-fast: $(STAMP) bytecode

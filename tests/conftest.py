@@ -256,14 +256,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         for marker in sorted(markers_for(item)):
             item.add_marker(marker)
-        if BOOTED_SYSTEMS.intersection(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.runs_alone)
-
-
-# A whole system booted in a container (systemd in nspawn, a pod in podman) with vLLM inside: its units'
-# and probes' start-up bounds are the deployment's own, sized for a machine that is not also running another
-# vLLM, so these run in `make test`'s last part, one at a time (marker runs_alone).
-BOOTED_SYSTEMS = frozenset({"nspawn_machine", "pod_runtime"})
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -26,7 +26,7 @@ from tests.e2e.fault_worker import FAULT_KEY, TOKENS_ENV, WORKER_CLS
 from tests.serve_helpers import CommandRun, completion_streams
 from tests.vllm_harness import REPO, RunningServer, running_vllm, tiny_serve_args
 
-pytestmark = [pytest.mark.e2e, pytest.mark.runs_alone]  # its soak is load it makes itself
+pytestmark = pytest.mark.e2e
 
 LOAD_S = float(os.environ.get("DEPLOYKIT_TEST_CANARY_LOAD_S", "180"))
 EVERY_S = 5
