@@ -11,7 +11,6 @@ keeps its docstring, and a line whose docstring shares it with code is left whol
 
 from __future__ import annotations
 
-import ast
 import io
 import tokenize
 
@@ -20,11 +19,14 @@ def pod_source(source: bytes) -> bytes:
     """`source` without comments and without its module docstring, line for line; code unchanged."""
     text = source.decode("utf-8")
     lines = text.splitlines(keepends=True)
-    for row, column in _comment_starts(text):
-        line = lines[row - 1]
-        ending = line[len(line.rstrip("\r\n")) :]
-        lines[row - 1] = line[:column].rstrip() + ending
-    docstring = _docstring_lines(text)
+    tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    for token in tokens:
+        if token.type == tokenize.COMMENT:
+            row, column = token.start
+            line = lines[row - 1]
+            ending = line[len(line.rstrip("\r\n")) :]
+            lines[row - 1] = line[:column].rstrip() + ending
+    docstring = None if "__doc__" in text else _docstring_lines(tokens)
     if docstring is not None:
         first, last = docstring
         for row in range(first, last + 1):
@@ -33,29 +35,16 @@ def pod_source(source: bytes) -> bytes:
     return "".join(lines).encode("utf-8")
 
 
-def _comment_starts(text: str) -> list[tuple[int, int]]:
-    return [
-        token.start
-        for token in tokenize.generate_tokens(io.StringIO(text).readline)
-        if token.type == tokenize.COMMENT
-    ]
+_BETWEEN_STATEMENTS = (tokenize.COMMENT, tokenize.NL, tokenize.ENCODING)
 
 
-def _docstring_lines(text: str) -> tuple[int, int] | None:
-    """The first and last line of the module docstring, when it stands on lines of its own and the module
-    never reads `__doc__`."""
-    if "__doc__" in text:
+def _docstring_lines(tokens: list[tokenize.TokenInfo]) -> tuple[int, int] | None:
+    """The first and last line of the module docstring (read from the same tokens as the comments, no
+    second parse), when it stands on lines of its own: its first statement is one string, at column 0, ended
+    by a newline."""
+    code = [token for token in tokens if token.type not in _BETWEEN_STATEMENTS]
+    if len(code) < 2 or code[0].type != tokenize.STRING or code[0].start[1] != 0:
         return None
-    body = ast.parse(text).body
-    if not body or not isinstance(body[0], ast.Expr):
+    if code[1].type != tokenize.NEWLINE or code[0].string.lstrip("rRuU")[:1] not in ("'", '"'):
         return None
-    value = body[0].value
-    if not (isinstance(value, ast.Constant) and isinstance(value.value, str)):
-        return None
-    node = body[0]
-    first, last = node.lineno, node.end_lineno or node.lineno
-    alone = node.col_offset == 0 and (len(body) == 1 or body[1].lineno > last)
-    trailing = text.splitlines()[last - 1][node.end_col_offset or 0 :].strip()
-    if not alone or (trailing and not trailing.startswith("#")):
-        return None
-    return first, last
+    return code[0].start[0], code[0].end[0]
