@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from deploykit.probe.load import load_facts
 from deploykit.profile.load import list_profile_paths, load_profile, parse_profile
 from deploykit.profile.schema import FixMode, LoadedProfile
 from deploykit.render.common import RenderedFile, RenderResult, plan_for_render, write_files
+from tests.cli_process import run_deploykit
 from tests.vllm_harness import REPO
 
 FACTS = REPO / "tests" / "fixtures" / "facts"
@@ -72,9 +72,7 @@ def test_turning_off_a_fix_the_facts_call_for_warns() -> None:
 
 
 def deploykit(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "deploykit", *args], capture_output=True, text=True, timeout=120, cwd=REPO
-    )
+    return run_deploykit(args, cwd=REPO)
 
 
 @pytest.mark.parametrize("form", ["text", "shell"])
@@ -225,13 +223,7 @@ def test_tables_are_whole_when_not_a_terminal(tmp_path: Path) -> None:
     store.add(ResultRecord(verdict="fail", stage="smoke", diagnosis=diagnosis, profile_name="p" * 60))
     store.close()
     env = {**os.environ, "COLUMNS": "60"}
-    result = subprocess.run(
-        [sys.executable, "-m", "deploykit", "results", "list", "--store", url],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
+    result = run_deploykit(["results", "list", "--store", url], env=env)
     assert result.returncode == 0, result.stderr
     assert " ".join(diagnosis.split()) in result.stdout and "p" * 60 in result.stdout
     assert str(tmp_path / "r.sqlite") in result.stdout

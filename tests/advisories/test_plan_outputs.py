@@ -16,7 +16,7 @@ from deploykit.results.record import ResultRecord
 from deploykit.results.sql.store import open_store
 from deploykit.serve.helpers import plan_for_store
 from tests.advisories.conftest import FACTS_DIR, PlanFor
-from tests.cli.test_imports import DEPLOYKIT
+from tests.cli_process import run_deploykit
 
 TP2 = {
     "name": "tp2",
@@ -40,7 +40,7 @@ def tp2(tmp_path: Path) -> Path:
 
 
 def deploykit(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(DEPLOYKIT), *args], capture_output=True, text=True, timeout=300, cwd=cwd)
+    return run_deploykit(args, timeout=300, cwd=cwd)
 
 
 def test_plan_json_carries_the_applied_advisory(tp2: Path) -> None:

@@ -28,6 +28,7 @@ import pytest
 
 from deploykit.net import free_port
 from deploykit.results.sql.store import open_store
+from tests.cli_process import run_deploykit
 from tests.http_server import serving
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,13 +46,8 @@ HTML_PAGE = (
 
 def run_canary(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> tuple[Any, float]:
     started = time.monotonic()
-    result = subprocess.run(
-        [sys.executable, "-m", "deploykit", "canary", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
-        env={**os.environ, "COLUMNS": "200", **(env or {})},
+    result = run_deploykit(
+        ["canary", *args], timeout=timeout, cwd=REPO, env={**os.environ, "COLUMNS": "200", **(env or {})}
     )
     return result, time.monotonic() - started
 

@@ -1,18 +1,18 @@
-"""Every command against bad input, as a person runs it (`python -m deploykit ...`): a non-zero exit, no
-traceback, and a message that names the input (the file, URL, flag or value). Nothing here starts vLLM:
-each bad input is refused before a launch."""
+"""Every command against bad input, as a person runs it (`python -m deploykit ...`, in a process forked from
+a warm interpreter: tests/cli_process.py): a non-zero exit, no traceback, and a message that names the input
+(the file, URL, flag or value). Nothing here starts vLLM: each bad input is refused before a launch."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.cli_process import run_deploykit
 from tests.vllm_harness import REPO
 
 FACTS = REPO / "tests" / "fixtures" / "facts"
@@ -344,14 +344,7 @@ CASES: list[tuple[str, list[str], int, list[str]]] = [
 
 
 def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "deploykit", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        cwd=REPO,
-    )
+    return run_deploykit(args, env=env, cwd=REPO)
 
 
 @pytest.mark.parametrize(("args", "code", "named"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])

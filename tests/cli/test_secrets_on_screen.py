@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import ClassVar
 
 import pytest
 
+from tests.cli_process import run_deploykit
 from tests.http_server import serving
 
 KEY = "sk-live-0123456789abcdefXYZ"
@@ -44,13 +44,7 @@ def server() -> Iterator[str]:
 
 
 def deploykit(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "deploykit", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **env},
-        timeout=120,
-    )
+    return run_deploykit(args, env={**os.environ, **env})
 
 
 def stored_bytes(store: Path) -> bytes:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from deploykit.probe.facts import ProbeFacts
 from deploykit.profile.load import load_profile, parse_profile
 from deploykit.profile.schema import FixMode, LoadedProfile
 from deploykit.vllm_compat import TESTED_VLLM
+from tests.cli_process import run_deploykit
 from tests.vllm_releases.releases import NEXT_RELEASE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -359,8 +359,7 @@ def test_real_vllm_parser_accepts_the_demo_and_rejects_a_bogus_flag(tmp_path: Pa
 
 
 def _deploykit(*args: str) -> subprocess.CompletedProcess[str]:
-    exe = Path(sys.executable).parent / "deploykit"
-    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=120)
+    return run_deploykit(args)
 
 
 def test_cli_plan_with_saved_facts_from_any_directory(tmp_path: Path) -> None:

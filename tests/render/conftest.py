@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 import pytest
 
 from deploykit.probe.facts import GpuFacts, ProbeFacts
+from tests.cli_process import run_deploykit
 from tests.profile_variants import profile_variant
 
 
@@ -60,9 +60,7 @@ def make_profile(tmp_path: Path) -> Callable[[str, dict[str, Any]], Path]:
 
 
 def deploykit(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [sys.executable, "-m", "deploykit", *args], capture_output=True, text=True, timeout=120
-    )
+    result = run_deploykit(args)
     if check and result.returncode != 0:
         raise AssertionError(f"deploykit {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")
     return result

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_process import run_deploykit
 from tests.profile_variants import PROFILES, profile_variant
 from tests.vllm_harness import REPO
 
@@ -20,7 +21,7 @@ FACTS = REPO / "tests" / "fixtures" / "facts"
 def render(kind: str, profile: Path, facts: str, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     argv = [sys.executable, "-m", "deploykit", "render", kind, "--profile", str(profile)]
     argv += ["--facts", str(FACTS / facts), "--out", str(out), *extra]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=REPO)
+    return run_deploykit(argv[3:], timeout=180, cwd=REPO)
 
 
 @pytest.mark.parametrize("kind", ["helm", "systemd"])

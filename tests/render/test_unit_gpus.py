@@ -13,6 +13,7 @@ import pytest
 
 from deploykit.render.common import RenderError
 from deploykit.render.unit_gpus import check_prefix_visible, parse_gpus, unit_gpus
+from tests.cli_process import run_deploykit
 from tests.profile_variants import PROFILES, profile_variant
 from tests.vllm_harness import REPO
 
@@ -22,7 +23,7 @@ TWO_V100 = REPO / "tests" / "fixtures" / "facts" / "v100pcie-x2-nop2p.json"
 def render(profile: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     argv = [sys.executable, "-m", "deploykit", "render", "systemd", "--profile", str(profile)]
     argv += ["--facts", str(TWO_V100), "--out", str(out), "--prefix", "/opt/deploykit", *extra]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=REPO)
+    return run_deploykit(argv[3:], timeout=180, cwd=REPO)
 
 
 def server_unit(out: Path, name: str) -> str:
@@ -82,7 +83,7 @@ def test_a_visible_prefix_passes(prefix: str) -> None:
 def test_render_refuses_a_prefix_under_tmp_in_one_line(tmp_path: Path) -> None:
     argv = [sys.executable, "-m", "deploykit", "render", "systemd", "-p", "gemma4-turing"]
     argv += ["--facts", str(TWO_V100), "--out", str(tmp_path / "o"), "--prefix", "/tmp/not-here/venv"]
-    refused = subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=REPO)
+    refused = run_deploykit(argv[3:], timeout=180, cwd=REPO)
     assert refused.returncode == 2
     (line,) = refused.stderr.strip().splitlines()
     assert (

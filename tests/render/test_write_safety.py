@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from tests.cli_process import run_deploykit
 from tests.vllm_harness import REPO
 
 FACTS = REPO / "tests" / "fixtures" / "facts"
@@ -30,6 +31,8 @@ def render(
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
             resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
 
+    if limit_bytes is None:
+        return run_deploykit([*args, "--out", str(out), *extra], cwd=REPO)
     return subprocess.run(
         [sys.executable, "-m", "deploykit", *args, "--out", str(out), *extra],
         capture_output=True,

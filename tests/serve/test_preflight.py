@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +22,7 @@ from deploykit.serve import attempt as attempt_module
 from deploykit.serve.attempt import run_serve
 from deploykit.serve.console import ConsoleUI
 from deploykit.serve.options import ServeOptions
+from tests.cli_process import run_deploykit
 from tests.vllm_harness import REPO
 
 
@@ -106,11 +105,8 @@ def test_a_canary_that_does_not_run_is_not_checked(tmp_path: Path, busy_port: in
 
 def test_the_command_refuses_a_busy_canary_port_in_one_line(tmp_path: Path, busy_port: int) -> None:
     env = {**os.environ, "DEPLOYKIT_STORE": f"sqlite:///{tmp_path / 'results.sqlite'}"}
-    run = subprocess.run(
+    run = run_deploykit(
         [
-            sys.executable,
-            "-m",
-            "deploykit",
             "serve",
             "-p",
             "demo-cpu",
@@ -121,9 +117,6 @@ def test_the_command_refuses_a_busy_canary_port_in_one_line(tmp_path: Path, busy
             "--log-dir",
             str(tmp_path / "logs"),
         ],
-        capture_output=True,
-        text=True,
-        timeout=120,
         env=env,
         cwd=REPO,
     )
@@ -136,14 +129,7 @@ def test_the_command_refuses_a_busy_canary_port_in_one_line(tmp_path: Path, busy
 
 def test_a_malformed_canary_address_is_a_usage_error(tmp_path: Path) -> None:
     env = {**os.environ, "DEPLOYKIT_STORE": f"sqlite:///{tmp_path / 'results.sqlite'}"}
-    run = subprocess.run(
-        [sys.executable, "-m", "deploykit", "serve", "-p", "demo-cpu", "--canary-listen", "nowhere"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        cwd=REPO,
-    )
+    run = run_deploykit(["serve", "-p", "demo-cpu", "--canary-listen", "nowhere"], env=env, cwd=REPO)
     assert run.returncode == exit_codes.USAGE, run.stdout + run.stderr
     assert "--canary-listen 'nowhere': expected HOST:PORT" in run.stderr
     assert "Traceback" not in run.stdout + run.stderr
