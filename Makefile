@@ -30,15 +30,25 @@ typecheck: $(STAMP)
 bytecode: $(STAMP)
 	$(BIN)/python -m compileall -q deploykit
 
-# The whole suite in two runs: the fast tier on every core (its tests are safe side by side: `make check`),
-# then everything it leaves out, one test at a time (real vLLM servers, nspawn, podman, wheels).
-pytest: $(STAMP) bytecode
-	$(BIN)/pytest --fast -q -n auto
-	$(BIN)/pytest --slow
+# pytest rewrites each test module's asserts and caches the result beside it, unless PYTHONDONTWRITEBYTECODE
+# is set (as on CI's machines): then every pytest process rewrites and compiles every test module again
+# (~3 s of CPU each). The caches go to the checkout's ignored __pycache__ folders.
+PYTEST := PYTHONDONTWRITEBYTECODE= $(BIN)/pytest
 
-# The tiers' markers and the --fast option: tests/conftest.py. One worker per core (pytest-xdist).
+# The whole suite in three runs: the fast tier (its tests are safe side by side: `make check`); everything it
+# leaves out (real vLLM servers, nspawn, podman, wheels) on two workers, each file's tests on one of them
+# (`--dist loadfile`: a module's servers start once; xdist's loadgroup cannot group by fixture under pytest
+# 9, which no longer lets it rename a test), each worker's vLLM on a core of its own (tests/conftest.py);
+# last, one at a time, the tests that measure behaviour under load they make themselves or boot a whole
+# system in a container (marker runs_alone).
+pytest: $(STAMP) bytecode
+	$(PYTEST) --fast -q -n auto
+	$(PYTEST) --slow -n 2 --dist loadfile -m "not runs_alone"
+	$(PYTEST) --slow -m runs_alone
+
+# The tiers' markers and the --fast option: tests/conftest.py. Two workers a core (pytest-xdist, -n auto).
 pytest-fast: $(STAMP) bytecode
-	$(BIN)/pytest --fast -q -n auto
+	$(PYTEST) --fast -q -n auto
 
 e2e: $(STAMP)
 	$(BIN)/pytest -m "e2e or vllm_server"

@@ -224,6 +224,7 @@ def _test_helper_file(module: str) -> Path | None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    pin_vllm_to_this_workers_core()
     if config.getoption("--slow"):
         if config.getoption("--fast"):
             raise pytest.UsageError("--fast and --slow together select nothing")
@@ -237,6 +238,28 @@ def pytest_configure(config: pytest.Config) -> None:
         finder = _HeavyImportSpy()
         sys.meta_path.insert(0, finder)
         config.stash[_SPY] = finder
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """`--fast -n auto`: two workers a core. Much of the fast tier waits rather than computes (a hostile
+    server's deadline, a child process, a poll), and a second worker fills that time: 80 s instead of 112 s
+    on this 2-core machine, idle (4 workers; 6 took 94 s, the tier's CPU then the limit)."""
+    if config.getoption("--fast"):
+        return 2 * len(os.sched_getaffinity(0))
+    return None
+
+
+def pin_vllm_to_this_workers_core() -> None:
+    """Each pytest-xdist worker's vLLM servers compute on a core of their own. vLLM's CPU build binds its
+    worker to the last core of each physical core, leaving one core to everything else ("auto", reserving
+    one): on two cores every server lands on core 0, so two workers' servers would share one core and leave
+    the other idle, and a canary beside them would see a slowed engine. The servers' children inherit it
+    (the harness and `deploykit serve` pass the environment on); a binding set by hand is kept."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw") or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(cores[int(worker[2:]) % len(cores)])
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
@@ -256,6 +279,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         for marker in sorted(markers_for(item)):
             item.add_marker(marker)
+        if BOOTED_SYSTEMS.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.runs_alone)
+
+
+# A whole system booted in a container (systemd in nspawn, a pod in podman) with vLLM inside: its units'
+# and probes' start-up bounds are the deployment's own, sized for a machine that is not also running another
+# vLLM, so these run in `make test`'s last part, one at a time (marker runs_alone).
+BOOTED_SYSTEMS = frozenset({"nspawn_machine", "pod_runtime"})
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

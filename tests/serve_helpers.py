@@ -223,7 +223,11 @@ def completion_streams(base_url: str, count: int, model: str = "tiny") -> Iterat
     stop, errors = threading.Event(), []
 
     def stream() -> None:
-        with httpx.Client(base_url=base_url, timeout=300) as client:
+        # A new connection for each stream: uvicorn closes a connection idle for 5 s, and a thread that
+        # a loaded machine kept waiting that long could send on a connection closing under it (seen once:
+        # "Server disconnected without sending a response", an error of the load, not of the server).
+        fresh = httpx.Limits(max_keepalive_connections=0)
+        with httpx.Client(base_url=base_url, timeout=300, limits=fresh) as client:
             while not stop.is_set():
                 try:
                     with client.stream("POST", "/v1/completions", json=body) as response:

@@ -180,7 +180,10 @@ def test_deploykit_canary_stays_up_and_stops_on_sigterm(mode: str, word: str, ru
     chart it crash-looped while the probes passed), and a trickle held its run for good."""
     with Hostile(mode).serving() as url:
         argv = [sys.executable, "-m", "deploykit", "canary", "--url", url, "--model", MODEL, "--no-store"]
-        argv += ["--every", "0.2", "--timeout", "1", "--metrics-every", "0"]
+        # A trickle holds each run to its deadline (1 s keeps the test short); the id `Infinity` comes at
+        # once, and a loaded machine must not turn it into a miss (5 s).
+        timeout = "1" if mode == "trickle" else "5"
+        argv += ["--every", "0.2", "--timeout", timeout, "--metrics-every", "0"]
         argv += ["--no-watch-restarts", "--listen", "127.0.0.1:0"]
         process = subprocess.Popen(
             argv,

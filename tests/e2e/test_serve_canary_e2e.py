@@ -38,7 +38,7 @@ from tests.e2e.test_serve_e2e import START_TIMEOUT_S, command_env, demo_variant
 from tests.serve_helpers import CommandRun, completion_streams, group_members
 from tests.vllm_harness import REPO
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.runs_alone]  # its soak is load it makes itself
 
 EVERY_S = 2
 WAIT_S = 900.0
