@@ -209,6 +209,7 @@ def _stop(server: subprocess.Popen[bytes], folder: Path) -> None:
 def serve(path: Path) -> None:
     for name in PRELOAD:
         importlib.import_module(name)
+    importlib.import_module("deploykit.cli.app").root_command()  # the command tree, built once for all forks
     loaded = [name for name in NEVER_PRELOADED if name in sys.modules]
     if loaded:
         raise SystemExit(f"the fork server must not import {loaded}: the fast CLI never does")

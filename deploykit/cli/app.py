@@ -3,6 +3,7 @@ imported inside the commands, so `probe`, `plan` and `render` never import torch
 
 from __future__ import annotations
 
+import functools
 import gc
 import sys
 from collections.abc import Sequence
@@ -98,9 +99,20 @@ for group in (profiles, probe, plan, advisories, fixes, serve, render, canary, t
     group.register(app)
 
 
+@functools.cache
+def root_command() -> TyperGroup:
+    """The click command tree Typer builds from `app`. Building it reads every command's signature and
+    type hints (~40 ms); `app()` would build it again on each call, which a process that runs many commands
+    (the tests' forked command line, their CliRunner) pays each time. With pretty exceptions off, calling
+    it is what `app()` does."""
+    command = typer.main.get_command(app)
+    assert isinstance(command, TyperGroup)  # `app` is built with cls=_ReportingGroup
+    return command
+
+
 def main() -> None:
     try:
-        app()
+        root_command()()
     except KeyboardInterrupt:
         sys.exit(exit_codes.INTERRUPTED)
     finally:

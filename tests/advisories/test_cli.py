@@ -7,12 +7,12 @@ import json
 import time
 
 import pytest
-from typer.testing import CliRunner
 
 from deploykit.cli.app import app
 from deploykit.profile.load import list_profile_paths
 from tests.advisories.conftest import FACTS_DIR, HAND_FACTS_DIR
 from tests.cli.test_imports import DEPLOYKIT, heavy, imported_modules
+from tests.cli_runner import CliRunner
 
 runner = CliRunner()
 

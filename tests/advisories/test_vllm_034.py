@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from typer.testing import CliRunner
-
 from deploykit.advisories.catalog import advisories
 from deploykit.advisories.evaluate import judge
 from deploykit.advisories.facts import DeploymentFacts
 from deploykit.advisories.notes import note_text
 from deploykit.cli.app import app
 from deploykit.probe.facts import ProbeFacts
+from tests.cli_runner import CliRunner
 
 FACTS_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "facts"
 

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 import typer
-from typer.testing import CliRunner
 
 from deploykit.canary import settings as settings_module
 from deploykit.canary.settings import (
@@ -30,6 +29,7 @@ from deploykit.canary.settings import (
 from deploykit.cli import app
 from deploykit.cli.options import FiniteFloat, WholeNumber
 from deploykit.render.common import template_root
+from tests.cli_runner import CliRunner
 
 SCHEMA = template_root() / "helm" / "chart" / "values.schema.json"
 

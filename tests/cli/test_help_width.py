@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 import typer
-from typer.testing import CliRunner
 
 from deploykit.cli.app import app
+from tests.cli_runner import CliRunner
 
 WIDTH = 80
 

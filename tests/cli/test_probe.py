@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pynvml
 import pytest
-from typer.testing import CliRunner
 
 import deploykit.probe.load
 import deploykit.probe.nvml_reader
 from deploykit.cli import app
 from deploykit.exit_codes import NO_GPU
+from tests.cli_runner import CliRunner
 from tests.fakes.fake_nvml import CONTRACT_KEYS, FakeNvml, load_gpu_fixture
 
 DEPLOYKIT = Path(sys.executable).with_name("deploykit")

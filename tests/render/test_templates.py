@@ -10,7 +10,7 @@ from pathlib import Path
 def test_rendering_never_imports_torch_or_vllm(tmp_path: Path) -> None:
     code = f"""
 import sys
-from typer.testing import CliRunner
+from tests.cli_runner import CliRunner
 from deploykit.cli import app
 for kind in ("systemd", "helm"):
     args = ["render", kind, "-p", "demo-cpu", "--out", r"{tmp_path}/" + kind]

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from typer.testing import CliRunner
 
 from deploykit.cli import app
 from deploykit.errors import StoreError
@@ -23,6 +22,7 @@ from deploykit.results.sql.schema import MIGRATIONS_TABLE, SCHEMA_VERSION, resul
 from deploykit.results.sql.store import SqlStore, open_store
 from deploykit.results.urls import display_url, normalise_url
 from deploykit.smoke import CaseResult
+from tests.cli_runner import CliRunner
 from tests.results.raw_rows import raw_row
 
 REPO = Path(__file__).resolve().parents[3]

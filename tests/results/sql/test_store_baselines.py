@@ -8,7 +8,6 @@ import json
 from datetime import UTC, datetime
 
 import sqlalchemy as sa
-from typer.testing import CliRunner
 
 from deploykit.cli import app
 from deploykit.fleet_baseline import FingerprintCheck, judge_against, key_digest
@@ -17,6 +16,7 @@ from deploykit.results.sql.engine import create_store_engine
 from deploykit.results.sql.schema import results_table
 from deploykit.results.sql.store import SqlStore, open_store
 from deploykit.smoke.fingerprint import Fingerprint, ProbeAnswer, logprob_tolerance
+from tests.cli_runner import CliRunner
 
 PARTS = {
     "model": "builtin:tiny-llama",
