@@ -51,7 +51,7 @@ pytest-fast: $(STAMP) bytecode
 	$(PYTEST) --fast -q -n auto
 
 e2e: $(STAMP)
-	$(BIN)/pytest -m "e2e or vllm_server"
+	$(PYTEST) -m "e2e or vllm_server"
 
 check: lint typecheck pytest-fast
 

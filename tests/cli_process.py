@@ -85,8 +85,9 @@ def run_deploykit(
     try:
         connection.connect(str(_server_socket()))
         request = json.dumps({"args": list(args), "env": child_env, "cwd": os.fspath(cwd or os.getcwd())})
-        socket.send_fds(connection, [LENGTH.pack(len(request.encode()))], [stdin_read, out_write, err_write])
-        connection.sendall(request.encode())
+        payload = request.encode()
+        socket.send_fds(connection, [LENGTH.pack(len(payload))], [stdin_read, out_write, err_write])
+        connection.sendall(payload)
     finally:
         for fd in (stdin_read, out_write, err_write):
             os.close(fd)

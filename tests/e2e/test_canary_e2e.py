@@ -4,7 +4,7 @@ The server runs the test-only `FaultWorker` with its length trigger off: it is h
 one request marked `deploykit_test_fault`, after which every forward pass returns NaN for good (HTTP 200,
 `/health` 200). In file order:
   1. no false alarm: 8 concurrent streams for 60 s (DEPLOYKIT_TEST_CANARY_LOAD_S) with a 2 s interval (~30
-     runs under load, as 3 minutes at 5 s gave), and not one failure;
+     runs under load; 3 minutes at 5 s gave ~36), and not one failure;
   2. corruption triggered after start-up: the next run after the trigger fails and `/healthz` turns 503.
 Timing is stated in runs (read from `/metrics`), not in seconds, so CPU load cannot make them flaky.
 """

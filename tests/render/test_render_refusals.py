@@ -6,7 +6,6 @@ anyway, with a warning."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,9 +18,9 @@ FACTS = REPO / "tests" / "fixtures" / "facts"
 
 
 def render(kind: str, profile: Path, facts: str, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "deploykit", "render", kind, "--profile", str(profile)]
-    argv += ["--facts", str(FACTS / facts), "--out", str(out), *extra]
-    return run_deploykit(argv[3:], timeout=180, cwd=REPO)
+    args = ["render", kind, "--profile", str(profile), "--facts", str(FACTS / facts), "--out", str(out)]
+    args += extra
+    return run_deploykit(args, timeout=180, cwd=REPO)
 
 
 @pytest.mark.parametrize("kind", ["helm", "systemd"])

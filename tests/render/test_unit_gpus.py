@@ -6,7 +6,6 @@ into one directory on the same GPU are named in a warning; a prefix the unit's o
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,9 +20,9 @@ TWO_V100 = REPO / "tests" / "fixtures" / "facts" / "v100pcie-x2-nop2p.json"
 
 
 def render(profile: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "deploykit", "render", "systemd", "--profile", str(profile)]
-    argv += ["--facts", str(TWO_V100), "--out", str(out), "--prefix", "/opt/deploykit", *extra]
-    return run_deploykit(argv[3:], timeout=180, cwd=REPO)
+    args = ["render", "systemd", "--profile", str(profile)]
+    args += ["--facts", str(TWO_V100), "--out", str(out), "--prefix", "/opt/deploykit", *extra]
+    return run_deploykit(args, timeout=180, cwd=REPO)
 
 
 def server_unit(out: Path, name: str) -> str:
@@ -81,9 +80,9 @@ def test_a_visible_prefix_passes(prefix: str) -> None:
 
 
 def test_render_refuses_a_prefix_under_tmp_in_one_line(tmp_path: Path) -> None:
-    argv = [sys.executable, "-m", "deploykit", "render", "systemd", "-p", "gemma4-turing"]
-    argv += ["--facts", str(TWO_V100), "--out", str(tmp_path / "o"), "--prefix", "/tmp/not-here/venv"]
-    refused = run_deploykit(argv[3:], timeout=180, cwd=REPO)
+    args = ["render", "systemd", "-p", "gemma4-turing"]
+    args += ["--facts", str(TWO_V100), "--out", str(tmp_path / "o"), "--prefix", "/tmp/not-here/venv"]
+    refused = run_deploykit(args, timeout=180, cwd=REPO)
     assert refused.returncode == 2
     (line,) = refused.stderr.strip().splitlines()
     assert (
