@@ -13,6 +13,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 SCRIPTS = [
     "bench_probe.py",
+    "bench_pod_source.py",
     "bench_fp32_projection.py",
     "bench_matmul_lora.py",
     "bench_penalties.py",
