@@ -1,26 +1,32 @@
-"""`python -m deploykit ...` as its own process, forked from an interpreter that imported deploykit already.
+"""Python children of the tests (`python -m deploykit ...`, `python -c CODE ...`) as processes of their own,
+forked from an interpreter that imported deploykit already.
 
-The fast tier runs the command line a few hundred times. A fresh interpreter spends ~0.4 s of a command's
-~0.5 s CPU importing Typer, pydantic and SQLAlchemy and building deploykit's models: most of the tier's CPU.
-Here one server process per test process imports them once and forks a child for each command. The command
-still runs as a process of its own: its own exit status (a signal's too), stdout and stderr through pipes,
-stdin, working directory and environment; `__main__` is deploykit's, as under `-m`; nothing it changes
-outlives it.
+The fast tier starts a few hundred of them. A fresh interpreter spends ~0.4 s of a command's ~0.5 s CPU
+importing Typer, pydantic and SQLAlchemy and building deploykit's models: most of the tier's CPU. Here one
+server process per test process imports them once (every deploykit module but the vLLM side's), puts its heap
+out of the collector's reach (gc.freeze: a child's first collection would copy it all) and forks a child for
+each request. The child is still a process of its own: its own pid (a signal reaches it), exit status (a
+signal's too), stdin, stdout and stderr through pipes, working directory and environment; `__main__`,
+sys.argv and sys.path[0] as `-m` or `-c` set them; nothing it changes outlives it.
 
-What a forked child does not repeat is the interpreter's start. Tests about the start itself (which modules a
-command imports, how long it takes) run `python -m deploykit` or the `deploykit` script; `run_deploykit`
-starts a fresh interpreter too when the environment it is given sets a `PYTHON*` variable differently from
-this process's."""
+`run_deploykit` is `subprocess.run` of the command line; `start_python` is `subprocess.Popen` of a Python
+child (the pipes and methods the tests use). What a forked child does not repeat is the interpreter's
+start: tests about the start itself (which modules a command imports, how long it takes, what the pod's
+`python -S` finds) start a fresh interpreter, and so do these helpers when given another interpreter flag or
+an environment that sets a `PYTHON*` variable differently from this process's."""
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import importlib
+import importlib.util
 import io
 import json
 import locale
 import os
+import re
 import runpy
 import selectors
 import signal
@@ -31,28 +37,29 @@ import sys
 import tempfile
 import threading
 import time
+import types
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Protocol
 
 # What the commands import between them, short of vLLM and torch (the fast CLI never imports those).
+# What the commands import between them, short of vLLM and torch (the fast CLI never imports those): every
+# deploykit module but the vLLM side's (preloaded_modules), and what they import inside functions.
 PRELOAD = (
-    "deploykit.cli",
-    "deploykit.plan",
-    "deploykit.probe",
-    "deploykit.render.helm",
-    "deploykit.render.systemd",
-    "deploykit.advisories.catalog",
-    "deploykit.results.stores",
-    "deploykit.results.sql",
-    "deploykit.smoke.client",
-    "deploykit.canary.command",
-    "deploykit.canary.runner",
-    "deploykit.serve.driver",
-    "deploykit.serve.stages",
-    "deploykit.trace",
     "httpx",
+    "jinja2",
+    "platformdirs",
+    "pynvml",
+    "sqlite3",
+    "sqlalchemy.dialects.sqlite.pysqlite",
+    "typer._click.decorators",
+    "rich._emoji_codes",
 )
+# Imported too where installed (the postgres extra): the store's children connect to PostgreSQL.
+PRELOAD_IF_INSTALLED = ("psycopg", "sqlalchemy.dialects.postgresql.psycopg")
+# Modules never preloaded: deploykit's entry point, and those that run inside vLLM or import torch.
+NOT_PRELOADED = ("deploykit.__main__", "deploykit.vllm_plugin")
+HEAVY_IMPORT = re.compile(r"^(?:import|from)\s+(?:torch|vllm)\b", re.MULTILINE)  # at module level
 NEVER_PRELOADED = ("torch", "vllm")
 LENGTH = struct.Struct("!I")
 START_TIMEOUT_S = 60.0
@@ -71,44 +78,236 @@ def run_deploykit(
     timeout: float = 120.0,
 ) -> subprocess.CompletedProcess[str]:
     """As `subprocess.run([sys.executable, "-m", "deploykit", *args], capture_output=True, text=True)`."""
-    argv = [sys.executable, "-m", "deploykit", *args]
+    stdin = subprocess.PIPE if input is not None else subprocess.DEVNULL
+    process = start_python(
+        ["-m", "deploykit", *args],
+        env=env,
+        cwd=cwd,
+        stdin=stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    with process:
+        try:
+            stdout, stderr = process.communicate(input, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            raise
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+class PythonProcess(Protocol):
+    """What the tests use of a Python child, a real `subprocess.Popen` or a ForkedProcess."""
+
+    args: Any
+    pid: int
+    returncode: Any
+    stdin: IO[Any] | None
+    stdout: IO[Any] | None
+    stderr: IO[Any] | None
+
+    def __enter__(self) -> Any: ...
+    def __exit__(self, *exc: Any) -> Any: ...
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def communicate(self, input: Any = None, timeout: float | None = None) -> tuple[Any, Any]: ...
+    def send_signal(self, sig: int) -> None: ...
+    def terminate(self) -> None: ...
+    def kill(self) -> None: ...
+
+
+def start_python(
+    args: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    stdin: int | None = None,
+    stdout: int | None = None,
+    stderr: int | None = None,
+    text: bool = False,
+) -> PythonProcess:
+    """As `subprocess.Popen([sys.executable, *args], ...)` for `-m MODULE ...` or `-c CODE ...`: forked from
+    the warm interpreter unless the interpreter's own start matters (another flag, such as -S, or a PYTHON*
+    variable in env). stdin, stdout, stderr: None (this process's), subprocess.PIPE or DEVNULL (stderr also
+    STDOUT)."""
     child_env = dict(os.environ if env is None else env)
-    if _start_matters(child_env):
-        return subprocess.run(
-            argv, env=child_env, cwd=cwd, input=input, capture_output=True, text=True, timeout=timeout
+    argv = [sys.executable, *args]
+    if len(args) < 2 or args[0] not in ("-m", "-c") or _start_matters(child_env):
+        return subprocess.Popen(
+            argv, env=child_env, cwd=cwd, stdin=stdin, stdout=stdout, stderr=stderr, text=text
         )
-    deadline = time.monotonic() + timeout
-    stdin_read, stdin_write = os.pipe() if input is not None else (os.open(os.devnull, os.O_RDONLY), -1)
-    out_read, out_write = os.pipe()
-    err_read, err_write = os.pipe()
-    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        connection.connect(str(_server_socket()))
-        request = json.dumps({"args": list(args), "env": child_env, "cwd": os.fspath(cwd or os.getcwd())})
-        payload = request.encode()
-        socket.send_fds(connection, [LENGTH.pack(len(payload))], [stdin_read, out_write, err_write])
-        connection.sendall(payload)
-    finally:
-        for fd in (stdin_read, out_write, err_write):
-            os.close(fd)
-    replies = connection.makefile("rb")
-    pid = json.loads(replies.readline())["pid"]
-    if stdin_write != -1:
-        writer = threading.Thread(target=_write_all, args=(stdin_write, (input or "").encode()), daemon=True)
-        writer.start()
-    try:
-        stdout, stderr = _read_until_closed(out_read, err_read, deadline)
-        status_line = _readline_before(connection, replies, deadline)
-    except subprocess.TimeoutExpired:
-        _kill(pid)
-        raise subprocess.TimeoutExpired(argv, timeout) from None
-    finally:
-        os.close(out_read)
-        os.close(err_read)
-        replies.close()
-        connection.close()
-    returncode = os.waitstatus_to_exitcode(json.loads(status_line)["status"])
-    return subprocess.CompletedProcess(argv, returncode, _text(stdout), _text(stderr))
+    return ForkedProcess(
+        argv, list(args), child_env, os.fspath(cwd or os.getcwd()), (stdin, stdout, stderr), text
+    )
+
+
+class ForkedProcess:
+    """A Python child forked by the fork server: the pipes and methods of subprocess.Popen that the tests use.
+    Its exit status comes over the server's connection (the server's process, not this one, is its parent);
+    a signal reaches it by its pid."""
+
+    def __init__(
+        self,
+        argv: list[str],
+        args: list[str],
+        env: dict[str, str],
+        cwd: str,
+        streams: tuple[int | None, int | None, int | None],
+        text: bool,
+    ) -> None:
+        self.args = argv
+        self.returncode: int | None = None
+        self.stdin: IO[Any] | None = None
+        self.stdout: IO[Any] | None = None
+        self.stderr: IO[Any] | None = None
+        self._text = text
+        self._status = b""
+        self._output: dict[int, list[bytes]] = {}
+        theirs, ours = self._pipes(*streams)
+        self._connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._connection.connect(str(_server_socket()))
+            payload = json.dumps({"args": args, "env": env, "cwd": cwd}).encode()
+            socket.send_fds(self._connection, [LENGTH.pack(len(payload))], theirs)
+            self._connection.sendall(payload)
+            self.pid: int = json.loads(self._read_line(None))["pid"]
+        except BaseException:
+            self._connection.close()
+            for fd in ours.values():
+                os.close(fd)
+            raise
+        finally:
+            for fd in set(theirs) - {0, 1, 2}:
+                os.close(fd)
+        if 0 in ours:
+            self.stdin = self._open(ours[0], "w")
+        if 1 in ours:
+            self.stdout = self._open(ours[1], "r")
+        if 2 in ours:
+            self.stderr = self._open(ours[2], "r")
+
+    @staticmethod
+    def _pipes(*streams: int | None) -> tuple[list[int], dict[int, int]]:
+        """The child's three descriptors, and this side's ends of its pipes (by the child's fd number)."""
+        theirs: list[int] = []
+        ours: dict[int, int] = {}
+        for number, stream in enumerate(streams):
+            if stream is None:
+                theirs.append(number)
+            elif stream == subprocess.DEVNULL:
+                theirs.append(os.open(os.devnull, os.O_RDWR))
+            elif stream == subprocess.STDOUT and number == 2:
+                theirs.append(os.dup(theirs[1]))
+            elif stream == subprocess.PIPE:
+                read, write = os.pipe()
+                theirs.append(read if number == 0 else write)
+                ours[number] = write if number == 0 else read
+            else:
+                raise ValueError(f"stream {number}: {stream!r} is not supported here")
+        return theirs, ours
+
+    def _open(self, fd: int, mode: str) -> IO[Any]:
+        if not self._text:
+            return os.fdopen(fd, mode + "b")
+        encoding = locale.getpreferredencoding(False)
+        return os.fdopen(
+            fd, mode, encoding=encoding, newline=None, **({"buffering": 1} if mode == "w" else {})
+        )
+
+    def __enter__(self) -> ForkedProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for stream in (self.stdin, self.stdout, self.stderr):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
+        if self.returncode is None:
+            self.wait()
+        self._connection.close()
+
+    def _read_line(self, timeout: float | None) -> bytes:
+        """The next line the server sends (pid, then exit status); TimeoutExpired when none comes in time."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self._status:
+            remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            self._connection.settimeout(remaining)
+            try:
+                chunk = self._connection.recv(4096)
+            except (TimeoutError, BlockingIOError):
+                raise subprocess.TimeoutExpired(self.args, timeout or 0) from None
+            if not chunk:
+                raise RuntimeError("the fork server closed the connection before the child's exit status")
+            self._status += chunk
+        line, _, self._status = self._status.partition(b"\n")
+        return line
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._finish(self._read_line(0))
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self._finish(self._read_line(timeout))
+        assert self.returncode is not None
+        return self.returncode
+
+    def _finish(self, line: bytes) -> None:
+        self.returncode = os.waitstatus_to_exitcode(json.loads(line)["status"])
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, input: Any = None, timeout: float | None = None) -> tuple[Any, Any]:
+        """Writes input, reads stdout and stderr to their ends and waits, as Popen.communicate; a second call
+        after TimeoutExpired goes on where the first stopped."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if self.stdin is not None and not self.stdin.closed:
+            if input:
+                writer = threading.Thread(target=_write_and_close, args=(self.stdin, input), daemon=True)
+                writer.start()
+            else:
+                self.stdin.close()
+        readers = [
+            stream for stream in (self.stdout, self.stderr) if stream is not None and not stream.closed
+        ]
+        for stream in readers:
+            self._output.setdefault(stream.fileno(), [])
+        with selectors.DefaultSelector() as selector:
+            for stream in readers:
+                selector.register(stream.fileno(), selectors.EVENT_READ)
+            while selector.get_map():
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise subprocess.TimeoutExpired(self.args, timeout or 0)
+                for key, _ in selector.select(remaining):
+                    data = os.read(key.fd, 65536)
+                    if data:
+                        self._output[key.fd].append(data)
+                    else:
+                        selector.unregister(key.fd)
+        results: list[Any] = []
+        for stream in (self.stdout, self.stderr):
+            if stream is None:
+                results.append(None)
+                continue
+            data = b"".join(self._output.get(stream.fileno(), [])) if not stream.closed else b""
+            stream.close()
+            results.append(_text(data) if self._text else data)
+        self.wait(None if deadline is None else max(deadline - time.monotonic(), 0.001))
+        return results[0], results[1]
 
 
 def _start_matters(env: Mapping[str, str]) -> bool:
@@ -122,46 +321,12 @@ def _text(data: bytes) -> str:
     return io.TextIOWrapper(io.BytesIO(data), encoding=locale.getpreferredencoding(False)).read()
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def _write_and_close(stream: IO[Any], data: Any) -> None:
     try:
-        with os.fdopen(fd, "wb") as pipe:
-            pipe.write(data)
+        with stream:
+            stream.write(data)
     except BrokenPipeError:
         pass
-
-
-def _read_until_closed(out_fd: int, err_fd: int, deadline: float) -> tuple[bytes, bytes]:
-    chunks: dict[int, list[bytes]] = {out_fd: [], err_fd: []}
-    with selectors.DefaultSelector() as selector:
-        for fd in chunks:
-            selector.register(fd, selectors.EVENT_READ)
-        while selector.get_map():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise subprocess.TimeoutExpired("deploykit", 0)
-            for key, _ in selector.select(remaining):
-                data = os.read(key.fd, 65536)
-                if data:
-                    chunks[key.fd].append(data)
-                else:
-                    selector.unregister(key.fd)
-    return b"".join(chunks[out_fd]), b"".join(chunks[err_fd])
-
-
-def _readline_before(connection: socket.socket, replies: io.BufferedReader, deadline: float) -> bytes:
-    connection.settimeout(max(deadline - time.monotonic(), 0.001))
-    try:
-        line = replies.readline()
-    except TimeoutError:
-        raise subprocess.TimeoutExpired("deploykit", 0) from None
-    if not line:
-        raise RuntimeError("the deploykit fork server closed the connection without an exit status")
-    return line
-
-
-def _kill(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
 
 
 def _server_socket() -> Path:
@@ -207,10 +372,30 @@ def _stop(server: subprocess.Popen[bytes], folder: Path) -> None:
 # --- the server side ----------------------------------------------------------------------------------------
 
 
+def preloaded_modules() -> list[str]:
+    """deploykit's modules that a command may import: all but NOT_PRELOADED and those that import vLLM or
+    torch at module level (read from the files, without importing anything; serve checks what came in)."""
+    package = Path(importlib.util.find_spec("deploykit").origin or "").parent  # type: ignore[union-attr]
+    names = []
+    for source in sorted(package.rglob("*.py")):
+        parts = source.relative_to(package.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        if not name.startswith(NOT_PRELOADED) and not HEAVY_IMPORT.search(source.read_text()):
+            names.append(name)
+    return names
+
+
 def serve(path: Path) -> None:
-    for name in PRELOAD:
+    for name in (*preloaded_modules(), *PRELOAD):
         importlib.import_module(name)
+    for name in PRELOAD_IF_INSTALLED:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
     importlib.import_module("deploykit.cli.app").root_command()  # the command tree, built once for all forks
+    # The warm heap out of the collector's sight: a child's first full collection would otherwise walk every
+    # object the server made and write to each one's page, copying the whole heap (~0.1 s a command).
+    gc.collect()
+    gc.freeze()
     loaded = [name for name in NEVER_PRELOADED if name in sys.modules]
     if loaded:
         raise SystemExit(f"the fork server must not import {loaded}: the fast CLI never does")
@@ -276,9 +461,9 @@ def _run_command(request: dict[str, Any], fds: list[int]) -> None:
         os.chdir(str(request["cwd"]))
         os.environ.clear()
         os.environ.update(request["env"])
-        sys.argv = ["deploykit", *request["args"]]
+        flag, target, *rest = request["args"]
         try:
-            runpy.run_module("deploykit", run_name="__main__", alter_sys=True)
+            _run_main(flag, target, rest)
             code = 0
         except SystemExit as exit_request:
             code = _exit_status(exit_request.code)
@@ -291,11 +476,27 @@ def _run_command(request: dict[str, Any], fds: list[int]) -> None:
         atexit._run_exitfuncs()
     finally:
         for stream in (sys.stdout, sys.stderr):
+            if stream is None or stream.closed:  # as the interpreter: a closed stream is not flushed
+                continue
             try:
                 stream.flush()
             except Exception:
                 code = code or 120  # what the interpreter returns when it cannot flush at exit
         os._exit(code)
+
+
+def _run_main(flag: str, target: str, rest: list[str]) -> None:
+    """`-m module` or `-c code`, with sys.argv and sys.path[0] as the interpreter sets them for each."""
+    if flag == "-m":
+        sys.path[0] = os.getcwd()
+        sys.argv = ["-m", *rest]  # run_module puts the module's file first
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+        return
+    sys.path[0] = ""
+    sys.argv = ["-c", *rest]
+    main = types.ModuleType("__main__")
+    sys.modules["__main__"] = main
+    exec(compile(target, "<string>", "exec"), main.__dict__)
 
 
 def _exit_status(code: object) -> int:

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import ast
 import collections
+import contextlib
 import functools
 import inspect
+import json
 import os
 import subprocess
 import sys
@@ -26,7 +28,7 @@ from collections.abc import Iterator, Sequence
 from importlib.abc import MetaPathFinder
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -123,30 +125,14 @@ def _functions_run(item: pytest.Item) -> list[Any]:
 
 def _imports_heavy(function: Any) -> bool:
     """An `import torch` / `from vllm ...` anywhere in the function's own source (decorators and nested
-    functions included). Read from its file's syntax tree, parsed once per file: inspect.getsource per
-    function cost a second of every worker's collection."""
+    functions included). Read from its file's syntax tree (source_facts): inspect.getsource per function
+    cost a second of every worker's collection."""
     code = getattr(inspect.unwrap(function), "__code__", None)
     if code is not None:
-        by_line = _heavy_functions_in(code.co_filename)
+        by_line = source_facts(code.co_filename).heavy_functions
         if code.co_firstlineno in by_line:
             return by_line[code.co_firstlineno]
     return _imports_heavy_by_source(function)
-
-
-@functools.cache
-def _heavy_functions_in(filename: str) -> dict[int, bool]:
-    """For each function in a file, keyed by the line its code starts on (its first decorator's, else its
-    `def`'s): whether its source imports vLLM or torch."""
-    try:
-        tree = ast.parse(Path(filename).read_text(), filename)
-    except (OSError, SyntaxError, ValueError):
-        return {}
-    heavy: dict[int, bool] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            first = min([node.lineno, *(decorator.lineno for decorator in node.decorator_list)])
-            heavy[first] = _tree_imports_heavy(node)
-    return heavy
 
 
 @functools.cache
@@ -155,20 +141,22 @@ def _imports_heavy_by_source(function: Any) -> bool:
         tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
     except (OSError, TypeError, SyntaxError):
         return False
-    return _tree_imports_heavy(tree)
+    return any(_heavy_import(node) for node in ast.walk(tree))
 
 
-def _tree_imports_heavy(tree: ast.AST) -> bool:
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0:
-            names = [node.module or ""]
-        else:
-            continue
-        if any(name.partition(".")[0] in HEAVY_MODULES for name in names):
-            return True
-    return False
+def _heavy_import(node: ast.AST) -> bool:
+    return any(name.partition(".")[0] in HEAVY_MODULES for name in _imported_names(node, with_members=False))
+
+
+def _imported_names(node: ast.AST, *, with_members: bool) -> list[str]:
+    """The modules an import statement names (absolute imports only); `from a import b` gives a.b too
+    when with_members (b may be a module)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if isinstance(node, ast.ImportFrom) and node.level == 0:
+        module = node.module or ""
+        return [module, *(f"{module}.{alias.name}" for alias in node.names)] if with_members else [module]
+    return []
 
 
 @functools.cache
@@ -176,22 +164,9 @@ def heavy_at_import(path: Path) -> str:
     """Why importing a test module imports vLLM or torch ("" when it does not), read from its source
     without importing it: a module-level import or `importorskip` of either, or of a tests/ helper that
     does, or a module-level `pytestmark` naming a slow marker."""
-    try:
-        tree = ast.parse(path.read_text(), str(path))
-    except (OSError, SyntaxError):
-        return ""
-    for node in _module_level(tree):
-        names: list[str] = []
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
-        elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "importorskip" and node.args:
-            names = [str(getattr(node.args[0], "value", ""))]
-        elif isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in node.targets):
-            marks = {n.attr for n in ast.walk(node.value) if isinstance(n, ast.Attribute)}
-            if marks & set(SLOW_MARKERS):
-                return f"{path.name}: pytestmark {', '.join(sorted(marks & set(SLOW_MARKERS)))}"
+    for kind, names in source_facts(str(path)).at_import:
+        if kind == "marks":
+            return f"{path.name}: pytestmark {', '.join(names)}"
         for name in names:
             if name.partition(".")[0] in HEAVY_MODULES:
                 return f"{path.name} imports {name}"
@@ -199,6 +174,105 @@ def heavy_at_import(path: Path) -> str:
             if helper is not None and helper != path and heavy_at_import(helper):
                 return f"{path.name} imports {name}: {heavy_at_import(helper)}"
     return ""
+
+
+class SourceFacts(NamedTuple):
+    """What the tier guard reads in a file. at_import: in order, ("names", modules a module-level import
+    or importorskip names) and ("marks", slow markers a module-level pytestmark names). heavy_functions:
+    for each function, keyed by the line its code starts on (its first decorator's, else its `def`'s),
+    whether its source imports vLLM or torch."""
+
+    at_import: list[tuple[str, list[str]]]
+    heavy_functions: dict[int, bool]
+
+
+_FACTS_CACHE = REPO / ".deploykit-cache" / "tier-guard.json"
+_facts_on_disk: dict[str, Any] | None = None
+_facts_changed = False
+
+
+@functools.cache
+def source_facts(filename: str) -> SourceFacts:
+    """One parse of a file per change, kept in .deploykit-cache/tier-guard.json (by size and mtime) for the
+    next process: every xdist worker collects the whole tier, and parsing ~120 files twice cost each ~0.8 s.
+    """
+    global _facts_on_disk, _facts_changed
+    path = Path(filename)
+    try:
+        stat = path.stat()
+    except OSError:
+        return SourceFacts([], {})
+    key = str(path.relative_to(REPO)) if path.is_relative_to(REPO) else None
+    stamp = [stat.st_mtime_ns, stat.st_size]
+    if key is not None:
+        if _facts_on_disk is None:
+            _facts_on_disk = _read_facts_cache()
+        known = _facts_on_disk.get(key)
+        if known is not None and known.get("stamp") == stamp:
+            return SourceFacts(
+                [(kind, list(names)) for kind, names in known["at_import"]],
+                {int(line): heavy for line, heavy in known["heavy_functions"].items()},
+            )
+    facts = _read_source_facts(path)
+    if key is not None and _facts_on_disk is not None:
+        _facts_on_disk[key] = {
+            "stamp": stamp,
+            "at_import": facts.at_import,
+            "heavy_functions": facts.heavy_functions,
+        }
+        _facts_changed = True
+    return facts
+
+
+def _read_facts_cache() -> dict[str, Any]:
+    try:
+        loaded = json.loads(_FACTS_CACHE.read_text())
+    except (OSError, ValueError):
+        return {}
+    return loaded if isinstance(loaded, dict) and loaded.get("version") == 1 else {}
+
+
+def save_source_facts() -> None:
+    """Written whole and renamed into place: workers that save at once leave one complete file."""
+    global _facts_changed
+    if not _facts_changed or _facts_on_disk is None:
+        return
+    _facts_on_disk["version"] = 1
+    with contextlib.suppress(OSError):
+        _FACTS_CACHE.parent.mkdir(parents=True, exist_ok=True)
+        partial = _FACTS_CACHE.with_name(f"{_FACTS_CACHE.name}.{os.getpid()}")
+        partial.write_text(json.dumps(_facts_on_disk))
+        partial.replace(_FACTS_CACHE)
+    _facts_changed = False
+
+
+def _read_source_facts(path: Path) -> SourceFacts:
+    try:
+        tree = ast.parse(path.read_text(), str(path))
+    except (OSError, SyntaxError, ValueError):
+        return SourceFacts([], {})
+    at_import: list[tuple[str, list[str]]] = []
+    for node in _module_level(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "importorskip" and node.args:
+            at_import.append(("names", [str(getattr(node.args[0], "value", ""))]))
+        elif isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in node.targets):
+            marks = {n.attr for n in ast.walk(node.value) if isinstance(n, ast.Attribute)} & set(SLOW_MARKERS)
+            if marks:
+                at_import.append(("marks", sorted(marks)))
+        elif names := _imported_names(node, with_members=True):
+            at_import.append(("names", names))
+    heavy: dict[int, bool] = {}
+    pending: list[tuple[ast.AST, tuple[int, ...]]] = [(tree, ())]
+    while pending:  # one walk: a heavy import marks every function it sits in
+        node, enclosing = pending.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            first = min([node.lineno, *(decorator.lineno for decorator in node.decorator_list)])
+            heavy.setdefault(first, False)
+            enclosing = (*enclosing, first)
+        elif _heavy_import(node):
+            heavy.update(dict.fromkeys(enclosing, True))
+        pending.extend((child, enclosing) for child in ast.iter_child_nodes(node))
+    return SourceFacts(at_import, heavy)
 
 
 def _module_level(tree: ast.Module) -> Iterator[ast.AST]:
@@ -294,6 +368,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """--fast: collecting must not have imported vLLM or torch. The tests of the module that did (all
     tests, when it was no test module) fail with the reason: a failure, unlike a usage error, reaches
     the terminal from pytest-xdist's workers too."""
+    save_source_facts()
     if not session.config.getoption("--fast"):
         return
     imported = heavy_imported()

@@ -52,16 +52,9 @@ def test_the_chart_terms_ask_for_a_driver_branch_that_runs_the_wheel() -> None:
 
 
 def test_the_plan_command_warns(tmp_path: Path) -> None:
-    import subprocess
-    import sys
+    from tests.cli_process import run_deploykit
 
     repo = Path(__file__).resolve().parents[1]
     profile = str(repo / "profiles" / "gemma4-turing.yaml")
-    result = subprocess.run(
-        [sys.executable, "-m", "deploykit", "plan", "--profile", profile, "--facts", str(FACTS / "t4.json")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=repo,
-    )
+    result = run_deploykit(["plan", "--profile", profile, "--facts", str(FACTS / "t4.json")], cwd=repo)
     assert "driver 460.32.03 (CUDA up to 11.2) cannot run vLLM" in result.stdout + result.stderr

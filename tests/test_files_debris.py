@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
 
 from deploykit.files import OutFile, write_set
+from tests.cli_process import start_python
 from tests.vllm_harness import REPO
 
 _KILLED_MID_WRITE = textwrap.dedent(
@@ -41,8 +40,7 @@ def _debris(out: Path) -> list[str]:
 
 def test_a_render_killed_mid_write_leaves_debris_the_next_render_removes(tmp_path: Path) -> None:
     out, marker = tmp_path / "out", tmp_path / "marker"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    process = subprocess.Popen([sys.executable, "-c", _KILLED_MID_WRITE, str(out), str(marker)], env=env)
+    process = start_python(["-c", _KILLED_MID_WRITE, str(out), str(marker)], cwd=REPO)  # forked: its own pid
     try:
         deadline = time.monotonic() + 60
         while not marker.exists():

@@ -9,6 +9,7 @@ from its wheel's sources), so every shipped table meets its own release's parser
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from deploykit.probe.facts import ProbeFacts
 from deploykit.profile.load import load_profile
 from deploykit.vllm_args import TABLE_SCHEMA, ArgvRejected, validate_serve_argv, vllm_importable
 from deploykit.vllm_tables import SUPPORTED_VLLM_RELEASES, release_of, shipped_option_table
+from tests.cli_process import run_deploykit, start_python
 from tests.vllm_releases.releases import NEXT_RELEASE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -415,8 +417,6 @@ def test_known_flags_and_env_vars_per_release() -> None:
 
 
 def test_checking_against_a_shipped_table_imports_no_vllm() -> None:
-    import subprocess
-    import sys
     import time
 
     code = (
@@ -431,16 +431,16 @@ def test_checking_against_a_shipped_table_imports_no_vllm() -> None:
         "print(time.perf_counter() - start)\n"
     )
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+    child = start_python(["-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # forked
+    with child:
+        _, stderr = child.communicate(timeout=120)
+    assert child.returncode == 0, stderr
     assert time.perf_counter() - started < 30  # seconds would mean a vLLM import somewhere
 
 
 def test_cli_plan_with_facts_of_a_033_host_validates_against_033(tmp_path: Path) -> None:
     """Through the real command on this 0.32 machine: a 0.33-only flag passes for facts of a 0.33 host
     and is refused for the same host running 0.32."""
-    import subprocess
-    import sys
 
     profile = tmp_path / "effort.yaml"
     profile.write_text(
@@ -452,13 +452,7 @@ def test_cli_plan_with_facts_of_a_033_host_validates_against_033(tmp_path: Path)
         facts = ProbeFacts.model_validate_json((FACTS_DIR / "h100.json").read_text())
         path = tmp_path / f"h100-{version}.json"
         path.write_text(facts.model_copy(update={"vllm_version": version}).model_dump_json())
-        exe = Path(sys.executable).parent / "deploykit"
-        done = subprocess.run(
-            [str(exe), "plan", "-p", str(profile), "--facts", str(path), "-f", "json"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        done = run_deploykit(["plan", "-p", str(profile), "--facts", str(path), "-f", "json"])
         results[version] = (done.returncode, json.loads(done.stdout)["validation"] if done.stdout else None)
     code, validation = results["0.33.0"]
     assert code == 0 and validation["status"] == "ok"

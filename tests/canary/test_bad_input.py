@@ -17,7 +17,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler
@@ -28,7 +27,7 @@ import pytest
 
 from deploykit.net import free_port
 from deploykit.results.sql.store import open_store
-from tests.cli_process import run_deploykit
+from tests.cli_process import run_deploykit, start_python
 from tests.http_server import serving
 
 REPO = Path(__file__).resolve().parents[2]
@@ -273,19 +272,10 @@ def test_a_server_that_does_not_answer_yet_is_not_refused(tmp_path: Path) -> Non
     --miss-limit runs, and stops cleanly on SIGTERM, as before."""
     port = free_port()
     verdict = tmp_path / "verdict.json"
-    argv = [
-        sys.executable,
-        "-m",
-        "deploykit",
-        "canary",
-        "--url",
-        f"http://127.0.0.1:{port}",
-        "-p",
-        "demo-cpu",
-    ]
+    argv = ["-m", "deploykit", "canary", "--url", f"http://127.0.0.1:{port}", "-p", "demo-cpu"]
     argv += ["--no-store", "--listen", "127.0.0.1:0", "--every", "0.2", "--miss-limit", "2"]
     argv += ["--no-watch-restarts", "--verdict-file", str(verdict)]
-    process = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = start_python(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
         while not (verdict.exists() and json.loads(verdict.read_text())["status"] == "unreachable"):
@@ -330,9 +320,9 @@ class _VllmBehindABrokenProxy(BaseHTTPRequestHandler):
 def test_a_proxys_error_pages_during_runs_are_named_not_printed(tmp_path: Path) -> None:
     store = f"sqlite:///{tmp_path / 'results.sqlite'}"
     with serving(_VllmBehindABrokenProxy) as url:
-        argv = [sys.executable, "-m", "deploykit", "canary", "--url", url, "-p", "demo-cpu", "--store", store]
+        argv = ["-m", "deploykit", "canary", "--url", url, "-p", "demo-cpu", "--store", store]
         argv += ["--listen", "127.0.0.1:0", "--every", "0.2", "--miss-limit", "2", "--no-watch-restarts"]
-        process = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        process = start_python(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             deadline = time.monotonic() + 180  # a loaded 2-core machine starts Python slowly
             while not any(row.stage == "state:unreachable" for row in rows_if_any(store)):

@@ -22,6 +22,7 @@ from deploykit.canary.nan_counter import NanCounterPoller
 from deploykit.canary.runner import Canary, CanaryConfig
 from deploykit.canary.settings import CanarySettings
 from deploykit.profile.schema import SmokeCase
+from tests.cli_process import PythonProcess, start_python
 from tests.smoke.hostile_server import MODEL, Hostile
 
 REPO = Path(__file__).resolve().parents[2]
@@ -158,7 +159,7 @@ def test_a_300_mb_metrics_page_is_read_to_its_cap_only() -> None:
     assert flooded["maxrss_mib"] - normal["maxrss_mib"] < METRICS_RSS_CAP_MIB, (flooded, normal)
 
 
-def read_lines(process: subprocess.Popen[str], count: int, within_s: float) -> list[str]:
+def read_lines(process: PythonProcess, count: int, within_s: float) -> list[str]:
     """The child's first `count` stdout lines that start with `run `, waiting at most `within_s`."""
     assert process.stdout is not None
     lines: list[str] = []
@@ -179,19 +180,19 @@ def test_deploykit_canary_stays_up_and_stops_on_sigterm(mode: str, word: str, ru
     """`deploykit canary` exited 1 on an id `Infinity` (the systemd unit restarted only the canary; in the
     chart it crash-looped while the probes passed), and a trickle held its run for good."""
     with Hostile(mode).serving() as url:
-        argv = [sys.executable, "-m", "deploykit", "canary", "--url", url, "--model", MODEL, "--no-store"]
+        argv = ["-m", "deploykit", "canary", "--url", url, "--model", MODEL, "--no-store"]
         # A trickle holds each run to its deadline (1 s keeps the test short); the id `Infinity` comes at
         # once, and a loaded machine must not turn it into a miss (5 s).
         timeout = "1" if mode == "trickle" else "5"
         argv += ["--every", "0.2", "--timeout", timeout, "--metrics-every", "0"]
         argv += ["--no-watch-restarts", "--listen", "127.0.0.1:0"]
-        process = subprocess.Popen(
+        process = start_python(  # forked from a warm interpreter: tests/cli_process.py
             argv,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"},
+            env={**os.environ, "COLUMNS": "200"},
         )
         try:
             lines = read_lines(process, runs, within_s=60)

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler
@@ -36,6 +34,7 @@ from deploykit.canary.settings import SETTINGS, CanarySettings
 from deploykit.canary.state import CanaryState
 from deploykit.profile.schema import SmokeCase
 from deploykit.smoke import CaseResult, SmokeReport, summarise
+from tests.cli_process import PythonProcess, start_python
 from tests.http_server import serving
 
 GOOD = summarise(
@@ -327,20 +326,18 @@ sys.exit(module.run_canary(options))
 """
 
 
-def _start(tmp_path: Path, mode: str) -> tuple[subprocess.Popen[str], Path, Path]:
+def _start(tmp_path: Path, mode: str) -> tuple[PythonProcess, Path, Path]:
     verdict, marker = tmp_path / "verdict.json", tmp_path / "marker"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    child = subprocess.Popen(
-        [sys.executable, "-c", RUN_CANARY, mode, str(verdict), str(marker)],
+    child = start_python(  # forked from a warm interpreter: tests/cli_process.py
+        ["-c", RUN_CANARY, mode, str(verdict), str(marker)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=env,
     )
     return child, verdict, marker
 
 
-def _wait_for(path: Path, child: subprocess.Popen[str]) -> None:
+def _wait_for(path: Path, child: PythonProcess) -> None:
     deadline = time.monotonic() + 120
     while not path.exists():
         assert child.poll() is None, child.communicate()

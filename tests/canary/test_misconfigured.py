@@ -9,10 +9,8 @@ Over real loopback HTTP against the hostile server (tests/smoke/hostile_server.p
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -27,6 +25,7 @@ from deploykit.canary.settings import SETTINGS, CanarySettings
 from deploykit.profile.schema import SmokeCase
 from deploykit.render.pod_probe import decide
 from deploykit.smoke import CaseResult, SmokeReport, summarise
+from tests.cli_process import PythonProcess, start_python
 from tests.smoke.hostile_server import MODEL, Hostile
 
 REPO = Path(__file__).resolve().parents[2]
@@ -202,7 +201,7 @@ def test_a_run_stuck_in_the_canary_is_abandoned_not_waited_on(
     assert canary.stuck() is None  # /livez no longer waits on the abandoned run
 
 
-def _poll_verdict(path: Path, child: subprocess.Popen[str], status: str) -> dict[str, Any]:
+def _poll_verdict(path: Path, child: PythonProcess, status: str) -> dict[str, Any]:
     deadline = time.monotonic() + WAIT_S
     while True:
         assert child.poll() is None, child.communicate()
@@ -226,12 +225,11 @@ def test_the_command_with_keep_running_never_exits_on_a_refused_key_and_heals_on
     key_file.write_text("stale-key")
     hostile = Hostile("good-counting", api_keys={"key-1"})
     with hostile.serving() as url:
-        argv = [sys.executable, "-m", "deploykit", "canary", "--url", url, "--model", MODEL]
+        argv = ["-m", "deploykit", "canary", "--url", url, "--model", MODEL]
         argv += ["--keep-running", "--exit-on-corruption", "--api-key-file", str(key_file), "--no-store"]
         argv += ["--every", "0.2", "--metrics-every", "0", "--listen", "127.0.0.1:0"]
         argv += ["--verdict-file", str(verdict), "--no-watch-restarts"]
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
-        child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        child = start_python(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # forked
         try:
             first = _poll_verdict(verdict, child, "misconfigured")
             assert "HTTP 401" in first["diagnosis"] and "tries again" in first["diagnosis"]
@@ -267,11 +265,10 @@ def test_the_command_with_keep_running_never_exits_on_a_refused_key_and_heals_on
 def test_the_command_with_keep_running_waits_out_a_profile_it_cannot_read(tmp_path: Path) -> None:
     verdict, profile = tmp_path / "verdict.json", tmp_path / "profile.yaml"
     profile.write_text("name: [not a profile\n")
-    argv = [sys.executable, "-m", "deploykit", "canary", "--url", "http://127.0.0.1:1", "--profile"]
+    argv = ["-m", "deploykit", "canary", "--url", "http://127.0.0.1:1", "--profile"]
     argv += [str(profile), "--keep-running", "--every", "0.2", "--listen", "127.0.0.1:0", "--no-store"]
     argv += ["--verdict-file", str(verdict)]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    child = start_python(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # forked
     try:
         found = _poll_verdict(verdict, child, "misconfigured")
         assert "cannot be set up" in found["diagnosis"] and str(profile) in found["diagnosis"]

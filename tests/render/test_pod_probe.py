@@ -258,7 +258,7 @@ def vllm() -> Iterator[Any]:
     """vLLM's /health (tests/http_server.py): `behaviour` is "ok" (200), "503" or "hang"; `paths` the
     paths asked for."""
     release = threading.Event()
-    with serving(_Health, poll_interval=0.05, behaviour="ok", release=release, paths=[]) as url:
+    with serving(_Health, behaviour="ok", release=release, paths=[]) as url:
         yield url.server
         release.set()
 

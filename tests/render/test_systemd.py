@@ -46,8 +46,11 @@ def systemd_analyze() -> str:
 
 
 def verify(*units: Path) -> str:
+    """systemd's own checks of the given units. Their dependencies are not verified (--recursive-errors=no):
+    each test passes every unit of its own; the host's units are not under test, and loading them took
+    two thirds of each call (~36 ms of ~48)."""
     result = subprocess.run(
-        [systemd_analyze(), "verify", "--man=no", *[str(u) for u in units]],
+        [systemd_analyze(), "verify", "--man=no", "--recursive-errors=no", *[str(u) for u in units]],
         capture_output=True,
         text=True,
         cwd=units[0].parent,

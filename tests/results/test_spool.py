@@ -6,10 +6,8 @@ while a smoke's cases run, and a canary started against a closed port; real `dep
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -24,10 +22,11 @@ from deploykit.results.record import ResultRecord
 from deploykit.results.spool import pending
 from deploykit.results.sql.store import open_store
 from tests.canary.test_canary import GOOD, WRONG, Clock, Script
+from tests.cli_process import run_deploykit, start_python
 from tests.http_server import serving
 from tests.serve_helpers import fresh_pg_url
 from tests.tcp_proxy import TcpProxy, free_loopback_port
-from tests.vllm_harness import REPO, RunningServer
+from tests.vllm_harness import RunningServer
 
 
 @pytest.fixture
@@ -55,9 +54,7 @@ def rows_in(url: str) -> list[ResultRecord]:
 
 
 def deploykit(*argv: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "deploykit", *argv]
-    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    return run_deploykit(argv, timeout=300)  # forked from a warm interpreter: tests/cli_process.py
 
 
 def test_a_store_cut_mid_smoke_gets_the_row_once_it_is_back(pg_url: str, tmp_path: Path) -> None:
@@ -190,9 +187,8 @@ def test_two_processes_replaying_one_spool_at_once_write_each_row_once(pg_url: s
     records = [ResultRecord(command="canary", verdict="pass", stage="heartbeat") for _ in range(20)]
     for record in records:
         keep(record, pg_url)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-c", _REPLAYER, pg_url]
-    replayers = [subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    command = ["-c", _REPLAYER, pg_url]
+    replayers = [start_python(command, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     for process in replayers:
         _, err = process.communicate(timeout=300)
         assert process.returncode == 0, err

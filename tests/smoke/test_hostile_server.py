@@ -22,6 +22,7 @@ import pytest
 
 from deploykit.results.sql.store import open_store
 from deploykit.smoke import SmokeRequest, run_smoke
+from tests.cli_process import run_deploykit
 from tests.smoke.hostile_server import JSON_MODES, MODEL, Hostile
 
 REPO = Path(__file__).resolve().parents[2]
@@ -146,13 +147,10 @@ def test_deploykit_smoke_stores_one_row_and_prints_no_traceback(mode: str, tmp_p
     printed PASS and stored a row that read back `unreadable`."""
     store = f"sqlite:///{tmp_path / 'results.sqlite'}"
     with Hostile(mode).serving() as url:
-        result = subprocess.run(
-            [sys.executable, "-m", "deploykit", "smoke", "--url", url, "--model", MODEL, "--timeout", "1"],
-            capture_output=True,
-            text=True,
-            timeout=120,
+        result = run_deploykit(  # forked from a warm interpreter: tests/cli_process.py
+            ["smoke", "--url", url, "--model", MODEL, "--timeout", "1"],
             cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(REPO), "DEPLOYKIT_STORE": store, "COLUMNS": "200"},
+            env={**os.environ, "DEPLOYKIT_STORE": store, "COLUMNS": "200"},
         )
     assert "Traceback" not in result.stdout + result.stderr, result.stdout + result.stderr
     assert result.returncode != 0 and "PASS" not in result.stdout, result.stdout

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -23,8 +22,8 @@ from deploykit.argv import value_or
 from deploykit.net import port_in_use
 from deploykit.results.record import ResultRecord
 from deploykit.results.sql.store import open_store
+from tests.cli_process import start_python
 from tests.trace.models import write_profile
-from tests.vllm_harness import REPO
 
 _PAUSING_TRACE = textwrap.dedent(
     """
@@ -68,18 +67,9 @@ def _trace_stopped_at(
 ) -> ResultRecord:
     store = f"sqlite:///{tmp_path / 'results.sqlite'}"
     marker = tmp_path / "at-stage"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "DEPLOYKIT_LOG_DIR": str(tmp_path / "logs")}
-    command = [
-        sys.executable,
-        "-c",
-        _PAUSING_TRACE,
-        stage,
-        str(marker),
-        "--profile",
-        str(profile),
-        *trace_args,
-    ]
-    process = subprocess.Popen(
+    env = {**os.environ, "DEPLOYKIT_LOG_DIR": str(tmp_path / "logs")}
+    command = ["-c", _PAUSING_TRACE, stage, str(marker), "--profile", str(profile), *trace_args]
+    process = start_python(  # forked from a warm interpreter (tests/cli_process.py): a process of its own
         [*command, "--store", store], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     try:

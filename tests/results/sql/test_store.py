@@ -4,8 +4,6 @@ tools/ci-services.sh starts on 127.0.0.1 (a fresh schema per test)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,6 +20,7 @@ from deploykit.results.sql.schema import MIGRATIONS_TABLE, SCHEMA_VERSION, resul
 from deploykit.results.sql.store import SqlStore, open_store
 from deploykit.results.urls import display_url, normalise_url
 from deploykit.smoke import CaseResult
+from tests.cli_process import start_python
 from tests.cli_runner import CliRunner
 from tests.results.raw_rows import raw_row
 
@@ -146,7 +145,7 @@ _WRITER = textwrap.dedent(
 def test_two_processes_writing_at_once_lose_no_row(store_url: str) -> None:
     count = 150
     writers = [
-        subprocess.Popen([sys.executable, "-c", _WRITER, store_url, tag, str(count)], cwd=REPO)
+        start_python(["-c", _WRITER, store_url, tag, str(count)], cwd=REPO)  # forked: tests/cli_process.py
         for tag in ("one", "two")
     ]
     assert [w.wait(timeout=240) for w in writers] == [0, 0]
