@@ -318,7 +318,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """`--fast -n auto`: two workers a core. Much of the fast tier waits rather than computes (a hostile
     server's deadline, a child process, a poll), and a second worker fills that time: 80 s instead of 112 s
     on this 2-core machine, idle (4 workers; 6 took 94 s, the tier's CPU then the limit). At most 16: each
-    worker collects the whole tier (~3.5 s of CPU) and holds a few hundred MB."""
+    worker starts and collects the whole tier (~3–4 s of CPU) and holds a few hundred MB."""
     if config.getoption("--fast"):
         return min(2 * len(os.sched_getaffinity(0)), 16)
     return None
