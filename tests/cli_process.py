@@ -42,7 +42,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-# What the commands import between them, short of vLLM and torch (the fast CLI never imports those).
 # What the commands import between them, short of vLLM and torch (the fast CLI never imports those): every
 # deploykit module but the vLLM side's (preloaded_modules), and what they import inside functions.
 PRELOAD = (
@@ -59,8 +58,9 @@ PRELOAD = (
 PRELOAD_IF_INSTALLED = ("psycopg", "sqlalchemy.dialects.postgresql.psycopg")
 # Modules never preloaded: deploykit's entry point, and those that run inside vLLM or import torch.
 NOT_PRELOADED = ("deploykit.__main__", "deploykit.vllm_plugin")
-HEAVY_IMPORT = re.compile(r"^(?:import|from)\s+(?:torch|vllm)\b", re.MULTILINE)  # at module level
 NEVER_PRELOADED = ("torch", "vllm")
+# An import of one of them at module level (unindented): what importing the module would run.
+HEAVY_IMPORT = re.compile(rf"^(?:import|from)\s+(?:{'|'.join(NEVER_PRELOADED)})\b", re.MULTILINE)
 LENGTH = struct.Struct("!I")
 START_TIMEOUT_S = 60.0
 
@@ -78,15 +78,22 @@ def run_deploykit(
     timeout: float = 120.0,
 ) -> subprocess.CompletedProcess[str]:
     """As `subprocess.run([sys.executable, "-m", "deploykit", *args], capture_output=True, text=True)`."""
+    return run_python(["-m", "deploykit", *args], env=env, cwd=cwd, input=input, timeout=timeout)
+
+
+def run_python(
+    args: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    input: str | None = None,
+    timeout: float = 120.0,
+) -> subprocess.CompletedProcess[str]:
+    """As `subprocess.run([sys.executable, *args], capture_output=True, text=True)` (start_python's child):
+    killed at the deadline, TimeoutExpired raised."""
     stdin = subprocess.PIPE if input is not None else subprocess.DEVNULL
     process = start_python(
-        ["-m", "deploykit", *args],
-        env=env,
-        cwd=cwd,
-        stdin=stdin,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+        args, env=env, cwd=cwd, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     with process:
         try:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_process import ForkedProcess, run_deploykit, start_python
+from tests.cli_process import ForkedProcess, run_deploykit, run_python, start_python
 from tests.vllm_harness import REPO
 
 FACTS = REPO / "tests" / "fixtures" / "facts"
@@ -146,10 +146,3 @@ def test_an_interpreter_flag_starts_a_fresh_interpreter() -> None:
     with process:
         out, _ = process.communicate(timeout=60)
     assert out.strip() == b"1"
-
-
-def run_python(args: list[str], *, input: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    process = start_python(args, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    with process:
-        out, _ = process.communicate(input, timeout=60)
-    return subprocess.CompletedProcess(args, process.returncode, out, None)

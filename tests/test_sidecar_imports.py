@@ -270,6 +270,19 @@ def run_in_image(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.
 # --- the blocker blocks ---------------------------------------------------------------------------------
 
 
+TRY_IMPORTS = """
+import importlib, json, sys
+seen = {}
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+        seen[name] = "imported"
+    except ImportError as exc:
+        seen[name] = str(exc)
+print(json.dumps(seen))
+"""
+
+
 def test_the_blocker_blocks_what_the_image_lacks_and_only_that(
     image_env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -278,12 +291,7 @@ def test_the_blocker_blocks_what_the_image_lacks_and_only_that(
     assert {"pytest", "_pytest"} <= blocked_packages()  # test-only packages are not in the image either
     assert not {"pydantic", "yaml", "httpx", "typer", "rich", "prometheus_client"} & blocked_packages()
     # Each import in one interpreter under the blocker (an interpreter a package: ~0.4 s of CPU each).
-    tries = (
-        "import importlib, json, sys\nseen = {}\nfor name in sys.argv[1:]:\n    try:\n"
-        "        importlib.import_module(name)\n        seen[name] = 'imported'\n"
-        "    except ImportError as exc:\n        seen[name] = str(exc)\nprint(json.dumps(seen))"
-    )
-    result = run_in_image(["-c", tries, *KNOWN_MISSING], image_env, tmp_path)
+    result = run_in_image(["-c", TRY_IMPORTS, *KNOWN_MISSING], image_env, tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     seen = json.loads(result.stdout)
     assert set(seen) == set(KNOWN_MISSING), seen

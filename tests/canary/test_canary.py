@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +26,7 @@ from deploykit.profile.load import load_profile
 from deploykit.profile.schema import Profile, SmokeCase
 from deploykit.results.sql.store import open_store
 from deploykit.smoke import LONG_PROMPT_TOKENS, CaseResult, SmokeReport, requests_for_profile, summarise
-from tests.cli_process import start_python
+from tests.cli_process import run_python
 
 
 def case(passed: bool = True, miss: bool = False, diagnosis: str = "", warning: str = "") -> CaseResult:
@@ -397,12 +396,7 @@ def test_run_canary_warns_on_stderr_when_the_verdict_file_cannot_be_written(tmp_
     the warning goes to stderr, and the canary keeps running until it is stopped."""
     path = tmp_path / "verdict"
     path.mkdir()
-    child = start_python(
-        ["-c", RUN_CANARY, str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    with child:  # forked from a warm interpreter: tests/cli_process.py
-        stdout, stderr = child.communicate(timeout=60)
-    result = subprocess.CompletedProcess(child.args, child.returncode, stdout, stderr)
+    result = run_python(["-c", RUN_CANARY, str(path)], timeout=60)  # forked: tests/cli_process.py
     assert result.returncode == 0, result.stderr
     assert (
         f"deploykit canary: the verdict file {path} could not be written (refused: {path} is a directory"

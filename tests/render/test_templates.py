@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
-from tests.cli_process import start_python
+from tests.cli_process import run_python
 
 
 def test_rendering_never_imports_torch_or_vllm(tmp_path: Path) -> None:
@@ -21,10 +20,7 @@ heavy = sorted(m for m in ("torch", "vllm", "transformers") if m in sys.modules)
 print("heavy:", heavy)
 """
     # forked from a warm interpreter that never imported either (tests/cli_process.py checks at its start)
-    child = start_python(["-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    with child:
-        stdout, stderr = child.communicate(timeout=120)
-    result = subprocess.CompletedProcess(child.args, child.returncode, stdout, stderr)
+    result = run_python(["-c", code])
     assert result.returncode == 0, result.stderr
     assert "heavy: []" in result.stdout
     assert (tmp_path / "systemd" / "deploykit-demo-cpu.service").is_file()
