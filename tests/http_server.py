@@ -7,7 +7,7 @@ import contextlib
 import socket
 import threading
 from collections.abc import Iterator
-from http.server import ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 
@@ -42,3 +42,16 @@ def serving(
     finally:
         server.shutdown()
         server.server_close()
+
+
+class Answers500(BaseHTTPRequestHandler):
+    """A server that is up and fails every request: a store's or a server's outage as a smoke sees it."""
+
+    def do_POST(self) -> None:
+        self.send_response(500)
+        self.end_headers()
+
+    do_GET = do_POST
+
+    def log_message(self, *_: object) -> None:
+        pass

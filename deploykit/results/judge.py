@@ -1,18 +1,25 @@
 """A fingerprint judged against its key's baseline: match, mismatch, disputed, or the third replica that
 decides. Apart from deploykit.fleet_baseline (which takes fingerprints and keys them by a plan) so that the
-store can judge again, under the key's lock, a fingerprint that was `new` when taken (`SqlStore.add`)."""
+store judges again, under the key's lock, every fingerprint it writes (`SqlStore.add`): what a row says it
+compared is evidence, never the verdict that moves a baseline."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from deploykit.smoke.fingerprint import Comparison, Fingerprint, compare
 
 if TYPE_CHECKING:
     from deploykit.results.baseline import Baseline
-    from deploykit.results.store import Store
+    from deploykit.results.record import ResultRecord
 
 CASE_NAME = "fingerprint"
+
+
+class DisputedRows(Protocol):
+    """Where the disputed candidates of a key are found: a `Store`, or the store's own transaction."""
+
+    def disputed(self, key: str, since_row: int, limit: int = 50) -> list[ResultRecord]: ...
 
 
 def _describe_baseline(baseline: Baseline) -> str:
@@ -29,7 +36,7 @@ def _describe_baseline(baseline: Baseline) -> str:
 
 
 def judge_against(
-    fingerprint: Fingerprint, baseline: Baseline | None, store: Store | None, hostname: str
+    fingerprint: Fingerprint, baseline: Baseline | None, store: DisputedRows | None, hostname: str
 ) -> Comparison:
     """The verdict of `fingerprint` against `baseline` (the key's active one), and for a provisional baseline
     from another host that disagrees, against the disputed candidates since: the third decides."""

@@ -5,6 +5,7 @@ SQLAlchemy (the vLLM image's sidecars build rows with `--no-store`).
 
 from __future__ import annotations
 
+import re
 import socket
 import uuid
 from datetime import UTC, datetime
@@ -21,6 +22,8 @@ Verdict = Literal["pass", "fail", "error", "interrupted", "unreadable"]
 Command = Literal["serve", "smoke", "canary", "trace", "unknown"]
 """`unknown` is never written: an unreadable row whose command this deploykit does not know."""
 UNREADABLE: Verdict = "unreadable"
+_FINGERPRINT_KEY = re.compile(r"[0-9a-f]{1,64}")
+"""A key as `deploykit.fleet_baseline.key_digest` makes it: PostgreSQL's lock for it reads it as hex."""
 
 
 class ResultRecord(BaseModel):
@@ -65,6 +68,16 @@ class ResultRecord(BaseModel):
     def _no_password(cls, url: str | None) -> str | None:
         """A URL given with `user:pw@` or `?password=` is stored (and so printed) without the secret."""
         return None if url is None else redact_url(url)
+
+    @field_validator("fingerprint")
+    @classmethod
+    def _a_key_is_a_key(cls, fingerprint: Fingerprint | None) -> Fingerprint | None:
+        """A fingerprint key that is not one (a forged spool file's) stops here, never in the store."""
+        if fingerprint is not None and not _FINGERPRINT_KEY.fullmatch(fingerprint.key):
+            raise ValueError(
+                f"its key {fingerprint.key[:40]!r} is not a fingerprint key (lowercase hex, 1 to 64 digits)"
+            )
+        return fingerprint
 
     @property
     def passed(self) -> bool:

@@ -33,7 +33,7 @@ def store_row(
 
     if store is None or isinstance(store, str):
         try:
-            opened = open_store(store)
+            opened = open_store(store, warn=warn)
         except StoreError as exc:
             return None, _spool(record, _url(store), exc, warn, what)
         try:
@@ -81,9 +81,13 @@ def _spool(
         warn(f"{what} could not be stored: {exc}")
         return where
     try:
-        path = keep(record, url)
+        spooled = keep(record, url)
     except (SpoolError, OSError) as spool_error:
         warn(f"{what} could not be stored ({exc}) nor spooled ({spool_error}): it is lost")
         return where
-    warn(f"{what} is not stored yet ({exc}); spooled in {path}, written when {where} is back")
+    passed_over = "".join(f"; {refused}" for refused in spooled.refused)
+    warn(
+        f"{what} is not stored yet ({exc}); spooled in {spooled.path}, written when {where} is back"
+        + passed_over
+    )
     return where

@@ -4,18 +4,19 @@ today (SQLite or PostgreSQL, deploykit.results.sql); another kind of store imple
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from deploykit.results.sql.store import open_store as open_sql_store
 from deploykit.results.store import Store
 
 
-def open_store(url: str | None = None) -> Store:
+def open_store(url: str | None = None, *, warn: Callable[[str], None] | None = None) -> Store:
     """Open (creating and migrating when needed) the store at `url`, default the user's (`$DEPLOYKIT_STORE`,
-    else SQLite in the user data directory), and write the rows spooled for it first. A `StoreError` when it
-    cannot be opened, `spoolable` when a row for it may be kept to write later."""
-    return open_sql_store(url)
+    else SQLite in the user data directory), and write the rows spooled for it first (`warn`: where a spool
+    file set aside is said, default stderr). A `StoreError` when it cannot be opened, `spoolable` when a
+    row for it may be kept to write later."""
+    return open_sql_store(url, warn=warn)
 
 
 @contextmanager

@@ -1,22 +1,32 @@
-"""Baselines in the SQL store: a passing row's effect on its key's baseline, decided in the row's own
-transaction under the key's lock (PostgreSQL: an advisory lock; SQLite: its one writer), and a fingerprint
-that was `new` when taken judged again when another host's run made a baseline meanwhile."""
+"""Baselines in the SQL store: every fingerprint a row brings judged again by the store, and a passing
+row's effect on its key's baseline decided from that judgement, in the row's own transaction under the
+key's lock (PostgreSQL: an advisory lock; SQLite: its one writer).
+
+What a row says it compared (a spooled row replayed later, a row another writer made) is evidence, never a
+verdict: a confirmed or pinned baseline changes only by an operator's pin or retire, and `decides` replaces
+a provisional one only when the store finds the disputed candidate itself (docs/fingerprints.md)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from deploykit.results.baseline import Baseline
 from deploykit.results.record import ResultRecord
-from deploykit.results.sql.rows import timestamp
+from deploykit.results.sql.rows import decode_row, raw_select, timestamp
 from deploykit.results.sql.schema import tables
-from deploykit.smoke.fingerprint import Fingerprint
+from deploykit.smoke.fingerprint import Comparison, Fingerprint
 
 if TYPE_CHECKING:
     import sqlalchemy as sa
+
+_HEX = re.compile(r"[0-9a-f]+")
+_AGREES = ("new", "match", "decides")
+"""The judgements a fingerprint passes with."""
 
 
 def baseline_from_row(row: Mapping[str, Any] | sa.RowMapping) -> Baseline:
@@ -36,7 +46,13 @@ def lock_key(conn: sa.Connection, key: str) -> None:
     import sqlalchemy as sa
 
     if conn.dialect.name == "postgresql":
-        conn.execute(sa.select(sa.func.pg_advisory_xact_lock(int(key[:15] or "0", 16))))
+        digits = key[:15]
+        number = (
+            int(digits, 16)
+            if _HEX.fullmatch(digits)
+            else int.from_bytes(hashlib.sha256(key.encode()).digest()[:7], "big")  # never a crash
+        )
+        conn.execute(sa.select(sa.func.pg_advisory_xact_lock(number)))
 
 
 def active_row(conn: sa.Connection, key: str) -> sa.RowMapping | None:
@@ -91,73 +107,131 @@ def insert_baseline(
     return int(inserted.scalar_one())
 
 
-def settle_baseline(conn: sa.Connection, record: ResultRecord, fingerprint: Fingerprint, row_id: int) -> None:
-    """A passing row's effect on its key's baseline, in the row's own transaction (under the key's lock):
-    the first healthy run of a key becomes its baseline (provisional); a match from another host confirms
-    it; a third host siding with a disputed candidate replaces a provisional baseline with that candidate."""
+def active_baseline_in(conn: sa.Connection, key: str) -> Baseline | None:
+    """The key's active baseline as this transaction sees it, its row's fingerprint loaded."""
     import sqlalchemy as sa
 
-    comparison = fingerprint.comparison
-    verdict = comparison.verdict if comparison is not None else "new"
+    active = active_row(conn, key)
+    if active is None:
+        return None
+    results = tables().results
+    cell = conn.execute(
+        sa.select(sa.type_coerce(results.c.fingerprint, sa.Text)).where(results.c.id == active["result_id"])
+    ).scalar()
+    return baseline_from_row({**active, "fingerprint": cell})
+
+
+def disputed_rows(
+    conn: sa.Connection, key: str, since_row: int, limit: int, present: frozenset[str] | None
+) -> list[ResultRecord]:
+    """Rows of `key` after `since_row` whose fingerprint disagreed with an unconfirmed baseline: the
+    candidates a third replica may side with (`present`: the results columns the store has)."""
+    results = tables().results
+    query = (
+        raw_select(present)
+        .where(results.c.fingerprint_key == key, results.c.id > since_row)
+        .order_by(results.c.id.desc())
+        .limit(limit)
+    )
+    rows = [decode_row(row) for row in conn.execute(query).mappings()]
+    return [
+        r
+        for r in rows
+        if r.fingerprint is not None
+        and r.fingerprint.comparison is not None
+        and r.fingerprint.comparison.verdict == "disputed"
+    ]
+
+
+class _InTransaction:
+    """The disputed candidates `judge_against` asks for, read in the row's own transaction."""
+
+    def __init__(self, conn: sa.Connection, present: frozenset[str] | None) -> None:
+        self.conn, self.present = conn, present
+
+    def disputed(self, key: str, since_row: int, limit: int = 50) -> list[ResultRecord]:
+        return disputed_rows(self.conn, key, since_row, limit, self.present)
+
+
+def rejudge(
+    conn: sa.Connection, record: ResultRecord, fingerprint: Fingerprint, present: frozenset[str] | None
+) -> Comparison | None:
+    """The row's fingerprint judged by the store as it is now, under the key's lock: the comparison the row
+    brought (taken earlier, replayed from the spool, or forged) is replaced by the store's. The row's
+    verdict follows when the judgement fails it (a `pass` becomes `fail`, its fingerprint case says why);
+    a failed row is never made to pass. None, and nothing judged, for a fingerprint that was never
+    compared (`unchecked`: no store when it was taken): it claims nothing, and settles nothing."""
+    from deploykit.results.judge import CASE_NAME, judge_against
+
+    claimed = fingerprint.comparison
+    if claimed is not None and claimed.verdict == "unchecked":
+        return None
+    baseline = active_baseline_in(conn, fingerprint.key)
+    judged = judge_against(fingerprint, baseline, _InTransaction(conn, present), record.hostname)
+    fingerprint.comparison = judged
+    if claimed is not None and claimed.verdict == judged.verdict:
+        return judged
+    agrees = judged.verdict in _AGREES
+    for case in record.cases:
+        if case.name != CASE_NAME:
+            continue
+        if agrees:
+            case.text = judged.diagnosis[:200] if case.passed else case.text
+        else:
+            case.passed, case.diagnosis = False, judged.diagnosis
+    if not agrees and record.verdict == "pass":
+        record.verdict, record.diagnosis = "fail", f"{CASE_NAME}: {judged.diagnosis}"
+    return judged
+
+
+def settle_baseline(
+    conn: sa.Connection,
+    record: ResultRecord,
+    fingerprint: Fingerprint,
+    judged: Comparison | None,
+    row_id: int,
+) -> None:
+    """A passing row's effect on its key's baseline, in the row's own transaction (under the key's lock),
+    from the store's own judgement (`rejudge`), never the row's: the first healthy run of a key becomes its
+    baseline (provisional); a match from another host confirms a provisional one; a `decides` (a third host
+    siding with a disputed candidate the store found) replaces a provisional one with that candidate. A
+    confirmed or pinned baseline is never changed here: only an operator's pin or retire changes it."""
+    import sqlalchemy as sa
+
+    if judged is None:
+        return
     active = active_row(conn, fingerprint.key)
     if active is None:
-        if verdict in ("new", "match"):
+        if judged.verdict == "new":
             insert_baseline(
                 conn, fingerprint, row_id, record.hostname, note="the first healthy run of its key"
             )
         return
+    provisional = active["confirmed_by"] is None and not active["pinned"]
+    if not provisional:
+        return
     table = tables().baselines
-    if verdict == "match" and active["confirmed_by"] is None and active["hostname"] != record.hostname:
+    if judged.verdict == "match" and active["hostname"] != record.hostname:
         conn.execute(
             sa.update(table)
             .where(table.c.id == active["id"])
             .values(confirmed_by=record.hostname, confirmed_at=datetime.now(UTC))
         )
-    elif verdict == "decides" and comparison is not None and comparison.agrees_with_row is not None:
+    elif judged.verdict == "decides" and judged.agrees_with_row is not None:
         results = tables().results
-        host = conn.execute(sa.select(results.c.hostname).where(results.c.id == comparison.agrees_with_row))
+        host = conn.execute(sa.select(results.c.hostname).where(results.c.id == judged.agrees_with_row))
         candidate_host = str(host.scalar() or "?")
         retire_active(
             conn,
             fingerprint.key,
-            f"outvoted: rows #{comparison.agrees_with_row} ({candidate_host}) and #{row_id} "
+            f"outvoted: rows #{judged.agrees_with_row} ({candidate_host}) and #{row_id} "
             f"({record.hostname}) agree with each other, not with it",
         )
         insert_baseline(
             conn,
             fingerprint,
-            comparison.agrees_with_row,
+            judged.agrees_with_row,
             candidate_host,
             confirmed_by=record.hostname,
             note=f"decided by row #{row_id} ({record.hostname})",
         )
-
-
-def recheck_new(conn: sa.Connection, record: ResultRecord, fingerprint: Fingerprint) -> None:
-    """A fingerprint compared while its key had no baseline (`new`), written after another host's run made
-    one: compared again with that baseline, under the key's lock, before the row is written; the row's
-    verdict follows (two replicas that compared at once are never both `new`)."""
-    comparison = fingerprint.comparison
-    if comparison is None or comparison.verdict != "new":
-        return
-    active = active_row(conn, fingerprint.key)
-    if active is None:
-        return
-    import sqlalchemy as sa
-
-    from deploykit.results.judge import CASE_NAME, judge_against
-
-    results = tables().results
-    cell = conn.execute(
-        sa.select(sa.type_coerce(results.c.fingerprint, sa.Text)).where(results.c.id == active["result_id"])
-    ).scalar()
-    baseline = baseline_from_row({**active, "fingerprint": cell})
-    fingerprint.comparison = again = judge_against(fingerprint, baseline, None, record.hostname)
-    agrees = again.verdict in ("new", "match", "decides", "unchecked")
-    for case in record.cases:
-        if case.name == CASE_NAME:
-            case.passed = case.passed and agrees
-            case.diagnosis = "" if agrees else again.diagnosis
-            case.text = again.diagnosis[:200] if agrees else case.text
-    if not agrees and record.verdict == "pass":
-        record.verdict, record.diagnosis = "fail", f"{CASE_NAME}: {again.diagnosis}"

@@ -81,6 +81,14 @@ def store_errors(url: str, doing: str) -> Iterator[None]:
         yield
     except StoreError:
         raise
+    except (
+        sa.exc.DataError
+    ) as exc:  # this row's values, refused whenever they are sent: keeping it helps none
+        raise StoreError(
+            f"cannot {doing} the results store {display_url(url)}: it refuses a value of the row "
+            f"({_one_line(exc.orig)})",
+            spoolable=False,
+        ) from None
     except sa.exc.DBAPIError as exc:
         full = _disk_full(url, exc.orig)
         if full:

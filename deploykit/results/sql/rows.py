@@ -21,6 +21,20 @@ if TYPE_CHECKING:
     from deploykit.results.store import Store
 
 
+NUL_SHOWN = "\u2400"
+"""What a NUL (0x00) in a row's text column is stored as: U+2400 SYMBOL FOR NULL."""
+
+
+def keep_nul_as_symbol(record: ResultRecord) -> None:
+    """PostgreSQL's text columns cannot hold NUL (a server's error text may carry one): such a row was
+    refused whenever it was sent. Each top-level text field of `record` keeps it as `NUL_SHOWN` instead, on
+    every back-end (a row SQLite keeps is the row PostgreSQL keeps); the record is changed in place, so the
+    baselines it settles name the same host. JSON columns keep the character itself (JSON escapes it)."""
+    for name, value in record:
+        if isinstance(value, str) and "\x00" in value:
+            setattr(record, name, value.replace("\x00", NUL_SHOWN))
+
+
 def validated_row(record: ResultRecord) -> dict[str, Any]:
     """The row as inserted, checked first: it reads back as this record (a value the reader would call
     unreadable is refused now, naming its field) and every value fits its column (on every back-end, so a

@@ -8,6 +8,7 @@ opening one is one `StoreError` naming the package.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -19,15 +20,16 @@ from deploykit.results.record import UNREADABLE, ResultRecord
 from deploykit.results.sql import schema
 from deploykit.results.sql.baselines import (
     baseline_from_row,
+    disputed_rows,
     insert_baseline,
     lock_key,
-    recheck_new,
+    rejudge,
     retire_active,
     settle_baseline,
 )
 from deploykit.results.sql.engine import create_store_engine, is_read_only
 from deploykit.results.sql.errors import require_sqlalchemy, store_errors
-from deploykit.results.sql.rows import check_fits, decode_row, raw_select, validated_row
+from deploykit.results.sql.rows import check_fits, decode_row, keep_nul_as_symbol, raw_select, validated_row
 from deploykit.results.sql.schema import applied_additions, applied_version, refuse_newer, tables
 from deploykit.results.urls import NO_STORE, check_store_url, display_url
 
@@ -98,17 +100,23 @@ class SqlStore:
     def add(self, record: ResultRecord) -> int:
         """Insert one attempt; returns its id. A read-only store refuses (the row is spooled). A row whose
         `row_uuid` is in the store already (a spooled row replayed twice, by two processes at once
-        included) is not written again: its id is returned."""
+        included) is not written again: its id is returned. A fingerprint's comparison is the store's own,
+        judged again under the key's lock (`rejudge`): the row's verdict follows it, the baseline moves
+        only by it. A NUL in a text field is kept as U+2400 (`keep_nul_as_symbol`: `record` changes)."""
         import sqlalchemy as sa
 
         if record.verdict == UNREADABLE or record.command == "unknown":
-            raise StoreError("an unreadable row is never written back: store the attempt itself")
+            raise StoreError(
+                "an unreadable row is never written back: store the attempt itself", spoolable=False
+            )
+        keep_nul_as_symbol(record)
         row = validated_row(record)
         if self.read_only:
             raise StoreError(
                 f"the results store {self.display_url} is read-only here: its row is not written"
             )
         results = tables().results
+        present = self.columns() if record.fingerprint is not None else None
         try:
             with store_errors(self.url, "write to"), self.engine.begin() as conn:
                 if record.row_uuid is not None:
@@ -117,14 +125,15 @@ class SqlStore:
                     ).scalar()
                     if found is not None:
                         return int(found)
+                judged = None
                 if record.fingerprint is not None:
                     lock_key(conn, record.fingerprint.key)
-                    recheck_new(conn, record, record.fingerprint)
+                    judged = rejudge(conn, record, record.fingerprint, present)
                     row = validated_row(record)
                 result = conn.execute(sa.insert(results).values(**row).returning(results.c.id))
                 row_id = int(result.scalar_one())
                 if record.fingerprint is not None and record.passed:
-                    settle_baseline(conn, record, record.fingerprint, row_id)
+                    settle_baseline(conn, record, record.fingerprint, judged, row_id)
                 return row_id
         except StoreError:
             if record.row_uuid is None:
@@ -172,22 +181,9 @@ class SqlStore:
     def disputed(self, key: str, since_row: int, limit: int = 50) -> list[ResultRecord]:
         """Rows of `key` after `since_row` whose fingerprint disagreed with an unconfirmed baseline: the
         candidates a third replica may side with."""
-        results = tables().results
-        query = (
-            raw_select(self.columns())
-            .where(results.c.fingerprint_key == key, results.c.id > since_row)
-            .order_by(results.c.id.desc())
-            .limit(limit)
-        )
+        present = self.columns()
         with store_errors(self.url, "read"), self.engine.connect() as conn:
-            rows = [decode_row(row) for row in conn.execute(query).mappings()]
-        return [
-            r
-            for r in rows
-            if r.fingerprint is not None
-            and r.fingerprint.comparison is not None
-            and r.fingerprint.comparison.verdict == "disputed"
-        ]
+            return disputed_rows(conn, key, since_row, limit, present)
 
     def pin_baseline(self, result_id: int, note: str = "") -> Baseline:
         """Make row `result_id`'s fingerprint the active, confirmed baseline of its key (an operator says)."""
@@ -253,8 +249,11 @@ class SqlStore:
             return int(conn.execute(sa.select(sa.func.count()).select_from(tables().results)).scalar_one())
 
 
-def open_store(url: str | None = None, *, migrate: bool = True) -> SqlStore:
-    """Open (creating when needed) the store at `url`, default `default_store_url()`."""
+def open_store(
+    url: str | None = None, *, migrate: bool = True, warn: Callable[[str], None] | None = None
+) -> SqlStore:
+    """Open (creating when needed) the store at `url`, default `default_store_url()`, and write the rows
+    spooled for it (`warn`: where each spool file set aside is said; default stderr)."""
     require_sqlalchemy()
     if url is not None:
         check_store_url(url)
@@ -273,7 +272,7 @@ def open_store(url: str | None = None, *, migrate: bool = True) -> SqlStore:
         if migrate and not store.read_only:
             from deploykit.results.spool import replay
 
-            store.replayed = replay(store)
+            store.replayed = replay(store, warn)
     except StoreError:
         store.close()
         raise

@@ -12,10 +12,12 @@ import sqlalchemy as sa
 from deploykit.cli import app
 from deploykit.fleet_baseline import FingerprintCheck, judge_against, key_digest
 from deploykit.results.record import ResultRecord
+from deploykit.results.spool import keep
 from deploykit.results.sql.engine import create_store_engine
 from deploykit.results.sql.schema import results_table
 from deploykit.results.sql.store import SqlStore, open_store
-from deploykit.smoke.fingerprint import Fingerprint, ProbeAnswer, logprob_tolerance
+from deploykit.smoke import CaseResult
+from deploykit.smoke.fingerprint import Comparison, Fingerprint, ProbeAnswer, logprob_tolerance
 from tests.cli_runner import CliRunner
 
 PARTS = {
@@ -184,3 +186,95 @@ def test_a_schema_3_store_is_migrated_and_its_rows_have_no_fingerprint(store_url
         assert upgraded.get(row_id).fingerprint is not None  # type: ignore[union-attr]
     finally:
         upgraded.close()
+
+
+# --- replayed rows are evidence, not verdicts (issue 43) ---------------------------------------------------
+
+
+def forged(host: str, first_id: int, comparison: Comparison) -> ResultRecord:
+    """A `pass` row whose fingerprint carries a comparison it was never given by any store."""
+    mine = fingerprint(first_id)
+    mine.comparison = comparison
+    case = CaseResult(
+        name="fingerprint", kind="fingerprint", endpoint="/v1/completions", model="m", passed=True
+    )
+    return ResultRecord(hostname=host, verdict="pass", stage="done", fingerprint=mine, cases=[case])
+
+
+def forged_decides(agrees_with_row: int) -> Comparison:
+    return Comparison(
+        verdict="decides",
+        diagnosis="two hosts against one",
+        agrees_with_row=agrees_with_row,
+        baseline_confirmed=False,
+    )
+
+
+def stored_by_uuid(store: SqlStore, row_uuid: str | None) -> ResultRecord:
+    (found,) = [r for r in store.recent(limit=100) if r.row_uuid == row_uuid]
+    return found
+
+
+def test_a_planted_pass_row_with_a_forged_decides_never_retires_a_confirmed_baseline(
+    store: SqlStore, store_url: str
+) -> None:
+    """The issue's case: a hostile local user's row in the spool, replayed by a read-only `results list`,
+    retired the baseline two hosts had confirmed; a healthy GPU then compared `mismatch`, a faulty one
+    `match`."""
+    row_a, _ = run_on(store, "host-a", 5)
+    run_on(store, "host-b", 5)  # confirmed
+    row_x, _ = run_on(store, "host-x", 9)  # a faulty replica: its row failed, mismatch
+    planted = forged("host-y", 9, forged_decides(row_x))
+    keep(planted, store_url)
+
+    listed = CliRunner().invoke(app, ["results", "list", "--store", store_url, "-f", "json"])
+    assert listed.exit_code == 0, listed.output
+
+    baseline = store.active_baseline(KEY)
+    assert baseline is not None and (baseline.result_id, baseline.confirmed_by) == (row_a, "host-b")
+    assert [b.status for b in store.baselines(KEY, include_retired=True)] == ["active"]
+    replayed = stored_by_uuid(store, planted.row_uuid)
+    assert replayed.fingerprint is not None and replayed.fingerprint.comparison is not None
+    judged = replayed.fingerprint.comparison
+    assert (judged.verdict, judged.baseline_row, judged.agrees_with_row) == ("mismatch", row_a, None)
+    assert replayed.verdict == "fail" and replayed.diagnosis.startswith(
+        "fingerprint: the fingerprint differs"
+    )
+    assert not replayed.cases[0].passed
+    assert judge_against(fingerprint(5), baseline, store, "host-z").verdict == "match"
+    assert judge_against(fingerprint(9), baseline, store, "host-z").verdict == "mismatch"
+
+
+def test_a_live_row_s_own_comparison_never_retires_a_confirmed_baseline(store: SqlStore) -> None:
+    row_a, _ = run_on(store, "host-a", 5)
+    run_on(store, "host-b", 5)
+    row_x, _ = run_on(store, "host-x", 9)
+    row = store.add(forged("host-y", 9, forged_decides(row_x)))
+    assert store.active_baseline(KEY).result_id == row_a  # type: ignore[union-attr]
+    assert store.get(row).verdict == "fail"  # type: ignore[union-attr]
+
+
+def test_a_decides_the_store_cannot_derive_never_replaces_a_provisional_baseline(store: SqlStore) -> None:
+    """`decides` may replace only a provisional baseline, and only when the store finds the disputed
+    candidate itself (on a third host): a row naming any row it likes (the baseline's own, none) is judged
+    as it is, here `disputed`."""
+    row_a, _ = run_on(store, "host-a", 9)
+    for named in (row_a, 424242):
+        row = store.add(forged("host-y", 5, forged_decides(named)))
+        now = store.active_baseline(KEY)
+        assert now is not None and (now.result_id, now.confirmed_by) == (row_a, None)
+        stored = store.get(row)
+        assert stored is not None and stored.verdict == "fail"
+        assert stored.fingerprint.comparison.verdict == "disputed"  # type: ignore[union-attr]
+
+
+def test_a_forged_match_is_judged_again_and_confirms_nothing(store: SqlStore) -> None:
+    row_a, _ = run_on(store, "host-a", 5)
+    claims = Comparison(verdict="match", diagnosis="matches", baseline_row=row_a, baseline_confirmed=True)
+    row = store.add(forged("host-b", 9, claims))
+    assert store.active_baseline(KEY).confirmed_by is None  # type: ignore[union-attr]
+    assert store.get(row).fingerprint.comparison.verdict == "disputed"  # type: ignore[union-attr]
+    # A row that compared with no store (`unchecked`) claims nothing: it neither founds nor confirms.
+    store.retire_baseline(store.active_baseline(KEY).id)  # type: ignore[union-attr]
+    store.add(forged("host-c", 5, Comparison(verdict="unchecked", diagnosis="not compared: --no-store")))
+    assert store.active_baseline(KEY) is None

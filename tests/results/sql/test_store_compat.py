@@ -12,7 +12,6 @@ import subprocess
 import sys
 import tarfile
 import textwrap
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ import sqlalchemy as sa
 from deploykit.results.record import ResultRecord
 from deploykit.results.sql.schema import ADDITIONS, SCHEMA_VERSION
 from deploykit.results.sql.store import open_store
-from tests.http_server import serving
+from tests.http_server import Answers500, serving
 from tests.vllm_harness import REPO
 
 PREVIOUS_RELEASE = "a4ccb8c"
@@ -69,17 +68,6 @@ _OLD_READER_WRITER = textwrap.dedent(
 )
 
 
-class _Answers500(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:
-        self.send_response(500)
-        self.end_headers()
-
-    do_GET = do_POST
-
-    def log_message(self, *_: object) -> None:
-        pass
-
-
 def test_the_previous_release_reads_writes_and_smokes_against_a_store_the_new_code_migrated(
     previous_release: Path, store_url: str
 ) -> None:
@@ -96,7 +84,7 @@ def test_the_previous_release_reads_writes_and_smokes_against_a_store_the_new_co
     rows = {row[0]: row for row in seen["rows"]}
     assert rows[new_id][1:] == ["pass", "n" * 300]  # the new code's row, read by the old code
 
-    with serving(_Answers500) as server:
+    with serving(Answers500) as server:
         smoked = run_previous(previous_release, "-m", "deploykit", "smoke", "--url", server, "--model", "m",
                               "--store", store_url)  # fmt: skip
     assert "newer than this deploykit knows" not in smoked.stderr, smoked.stderr
