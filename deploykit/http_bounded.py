@@ -8,7 +8,11 @@ that answers 2 GB grows the reader to 2 GB. `fetch` bounds both, whatever the se
   it passes, which ends a read blocked on a silent server as surely as one fed a byte at a time (the
   headers included);
 - a **size cap** on the body: it is read in chunks and the read stops at the cap (a Content-Length over the
-  cap is refused before the body is read), so memory stays at the cap plus one chunk.
+  cap is refused before the body is read), so memory stays at the cap plus one chunk;
+- **interim answers are not the answer**: a `103 Early Hints` or `100 Continue` before the real status is
+  skipped (http.client itself skips only 100 and would hand back the 103, body empty, as the answer), and
+  together they may take at most `INTERIM_CAP_BYTES`, so a server that sends them without end meets the cap
+  or the deadline like any other.
 
 It never raises for anything the server or the network does: the `Reply` says what happened, in one line.
 Standard library only (`http.client`, imported at the first request), cheap to import: the systemd
@@ -19,6 +23,7 @@ is read: deploykit talks to the server it was pointed at. The caps are in docs/f
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import socket
 import threading
@@ -44,6 +49,10 @@ LISTING_CAP_BYTES = 1 * MIB
 
 HEALTH_CAP_BYTES = 64 * 1024
 """`/health`: vLLM's answers with an empty body."""
+
+INTERIM_CAP_BYTES = 64 * 1024
+"""Every interim (1xx) answer before the real one, status lines and headers together: a 103 Early Hints is
+a few hundred bytes."""
 
 CHUNK_BYTES = 64 * 1024
 
@@ -106,6 +115,32 @@ class _Watchdog:
         self._timer.cancel()
 
 
+class _InterimOverCap(Exception):
+    """The server's interim (1xx) answers went past INTERIM_CAP_BYTES before any real answer."""
+
+
+@functools.cache
+def _final_response_class() -> type[http.client.HTTPResponse]:
+    """http.client's response, reading past every interim answer to the final one (built at the first
+    request: http.client is not imported before)."""
+    import http.client
+
+    class FinalResponse(http.client.HTTPResponse):
+        def begin(self) -> None:
+            interim_bytes = 0
+            while True:
+                super().begin()
+                # 101 Switching Protocols ends HTTP on this connection: it is the (wrong) answer.
+                if not 100 <= self.status < 200 or self.status == 101:
+                    return
+                interim_bytes += 16 + len(self.reason) + sum(len(k) + len(v) + 4 for k, v in self.msg.items())
+                if interim_bytes > INTERIM_CAP_BYTES:
+                    raise _InterimOverCap
+                self.headers = self.msg = None  # type: ignore[assignment]  # begin() reads the next answer
+
+    return FinalResponse
+
+
 def _connection(url: str, timeout_s: float) -> tuple[http.client.HTTPConnection, str]:
     """The connection for `url` and the request target (path and query). Raises ValueError."""
     import http.client  # here: importing the smoke's records (the store does) needs no HTTP client
@@ -116,11 +151,15 @@ def _connection(url: str, timeout_s: float) -> tuple[http.client.HTTPConnection,
     if not parts.hostname:
         raise ValueError("no host in the URL")
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    connection: http.client.HTTPConnection
     if parts.scheme == "https":
-        return http.client.HTTPSConnection(parts.hostname, port, timeout=timeout_s), target
-    if parts.scheme == "http":
-        return http.client.HTTPConnection(parts.hostname, port, timeout=timeout_s), target
-    raise ValueError(f"{parts.scheme or 'no'} scheme: expected http or https")
+        connection = http.client.HTTPSConnection(parts.hostname, port, timeout=timeout_s)
+    elif parts.scheme == "http":
+        connection = http.client.HTTPConnection(parts.hostname, port, timeout=timeout_s)
+    else:
+        raise ValueError(f"{parts.scheme or 'no'} scheme: expected http or https")
+    connection.response_class = _final_response_class()
+    return connection, target
 
 
 def fetch(
@@ -190,6 +229,11 @@ def fetch(
             if watchdog.fired:
                 return late()  # the shutdown read as an end of body: the answer may be cut short
             return reply(status=response.status, headers=answer_headers, body=bytes(body))
+    except _InterimOverCap:
+        return reply(
+            failure="too_big",
+            problem=f"over {describe_cap(INTERIM_CAP_BYTES)} of interim (1xx) answers and no answer",
+        )
     except (OSError, http.client.HTTPException, ValueError) as exc:
         if watchdog.fired or time.monotonic() >= deadline:
             return late()

@@ -28,6 +28,9 @@ class _Handler(BaseHTTPRequestHandler):
         if path == "/silent":
             self.stop.wait(60)
             return
+        if path.startswith("/early-hints"):
+            self._early_hints(path)
+            return
         if path == "/trickle-headers":
             with contextlib.suppress(OSError):
                 for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"y" * 100:
@@ -61,6 +64,26 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(404)
         self.send_header("Content-Length", "0")
         self.end_headers()
+
+    def _early_hints(self, path: str) -> None:
+        """Interim answers on the raw socket (http.server writes no 1xx of its own): one 103 Early Hints
+        and a 100 Continue before the real 200; or 103s without end, at once (`-flood`) or one every
+        0.2 s (`-forever`): neither may ever be the answer, and both end at the cap or the deadline."""
+        hint = b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload; as=style\r\n\r\n"
+        final = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\nfinal"
+        self.close_connection = True
+        with contextlib.suppress(OSError):
+            if path == "/early-hints":
+                self.wfile.write(hint + b"HTTP/1.1 100 Continue\r\n\r\n" + hint)
+                self.wfile.flush()
+                if not self.stop.wait(0.1):  # the final answer in a packet of its own, too
+                    self.wfile.write(final)
+                return
+            while not self.stop.is_set():
+                self.wfile.write(hint * (100 if path == "/early-hints-flood" else 1))
+                self.wfile.flush()
+                if path == "/early-hints-forever" and self.stop.wait(0.2):
+                    return
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -100,6 +123,25 @@ def test_a_whole_answer_and_a_refusal(url: str) -> None:
     assert refused.failure == "transport" and "Connection refused" in refused.problem
     assert fetch("ftp://x/", deadline_s=1, max_bytes=1).failure == "transport"
     assert fetch("http://127.0.0.1:99999/", deadline_s=1, max_bytes=1).problem.startswith("bad URL")
+
+
+def test_an_interim_103_or_100_answer_is_skipped_and_the_final_answer_read(url: str) -> None:
+    """A `103 Early Hints` was taken for the answer: status 103, an empty body, the real 200 never read."""
+    reply = fetch(url + "/early-hints", deadline_s=10, max_bytes=1024)
+    assert reply.ok and reply.status == 200 and reply.body == b"final", reply
+    assert health_ok(url + "/early-hints", timeout_s=5.0)
+
+
+def test_interim_answers_without_end_stop_at_the_cap_or_the_deadline(url: str) -> None:
+    started = time.monotonic()
+    flood = fetch(url + "/early-hints-flood", deadline_s=30, max_bytes=1024 * 1024)
+    assert flood.failure == "too_big" and "interim (1xx) answers" in flood.problem, flood
+    assert flood.status is None and time.monotonic() - started < SLACK_S
+    started = time.monotonic()
+    slow = fetch(url + "/early-hints-forever", deadline_s=1.0, max_bytes=1024 * 1024)
+    assert slow.failure == "deadline" and slow.status is None, slow
+    assert time.monotonic() - started < 1.0 + SLACK_S
+    assert not health_ok(url + "/early-hints-forever", timeout_s=1.0)
 
 
 def test_health_ok_is_bounded_too(url: str) -> None:

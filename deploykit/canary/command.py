@@ -9,6 +9,7 @@ stderr, as one `deploykit: ...` line with exit code 2.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -33,6 +34,11 @@ def run_canary(
     at the first run when the URL is not the vLLM server it should be."""
     import signal
 
+    from deploykit.untrusted_text import terminal_text
+
+    # Every line quotes the server (its model id, its error messages): one line each, shown escaped.
+    say_line, warn_line = say, warn
+    say, warn = (lambda line: say_line(terminal_text(line))), (lambda line: warn_line(terminal_text(line)))
     host, _ = options.settings.listen_address  # (checked when the settings were made)
     stop = threading.Event()
     received: list[int] = []
@@ -41,12 +47,39 @@ def run_canary(
         received.append(signum)
         stop.set()
 
+    held = take_verdict_file(options.verdict_file, warn) if options.verdict_file is not None else None
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         return _run(options, host, stop, received, say, warn)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if held is not None:
+            os.close(held)
+
+
+def take_verdict_file(path: str, warn: Callable[[str], None]) -> int | None:
+    """The verdict file taken for this canary's life (deploykit.canary.verdict): a second canary on it is
+    refused (CanaryError, exit 2) instead of overwriting the first's verdicts. A lock that cannot be made
+    (the directory is not there yet, not writable) is one warning: like the verdict's own write failures, it
+    never ends the checking (and the verdict cannot be written there either)."""
+    from deploykit.canary import verdict
+    from deploykit.errors import CanaryError
+
+    try:
+        return verdict.hold_verdict_file(path)
+    except verdict.VerdictFileHeld as held:
+        who = f"another canary (pid {held.holder})" if held.holder is not None else "another canary"
+        raise CanaryError(
+            f"--verdict-file {path}: {who} is writing it, and one canary writes a verdict file: stop that "
+            "one, or give this one its own --verdict-file"
+        ) from None
+    except OSError as exc:
+        warn(
+            f"deploykit canary: the verdict file {path} could not be locked for this canary "
+            f"({exc.strerror or exc}); the canary goes on"
+        )
+        return None
 
 
 def _run(

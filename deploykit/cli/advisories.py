@@ -108,8 +108,10 @@ _STATUS_STYLE = {"applies": "bold yellow", "does_not_apply": "dim", "unknown": "
 def _console() -> Console:
     from rich.console import Console  # not at import: `probe --format json` loads this module without rich
 
+    from deploykit.terminal import DataConsole  # strings are data: escaped, never markup
+
     terminal = Console().is_terminal
-    return Console(width=None if terminal else PIPED_WIDTH, highlight=False, soft_wrap=False)
+    return DataConsole(width=None if terminal else PIPED_WIDTH, highlight=False, soft_wrap=False)
 
 
 def _action_words(action: dict[str, Any]) -> str:
@@ -127,8 +129,9 @@ def _span(vllm: dict[str, Any]) -> str:
 def _print_table(rows: list[dict[str, Any]], *, judged: bool) -> None:
     """The compact view: one row per advisory, the columns a person scans; the rest is per id or JSON."""
     from rich import box
-    from rich.markup import escape
     from rich.table import Table
+
+    from deploykit.terminal import styled
 
     out = _console()
     if not judged:
@@ -138,9 +141,7 @@ def _print_table(rows: list[dict[str, Any]], *, judged: bool) -> None:
         table.add_column("vLLM", no_wrap=True)
         for row in rows:
             action = row["action"]
-            table.add_row(
-                row["id"], escape(f"{_action_words(action)} ({action['default']})"), _span(row["vllm"])
-            )
+            table.add_row(row["id"], f"{_action_words(action)} ({action['default']})", _span(row["vllm"]))
         out.print(table)
         out.print(
             f"{len(rows)} advisories. `deploykit advisories ID`: one in full; --format json: all fields."
@@ -157,7 +158,7 @@ def _print_table(rows: list[dict[str, Any]], *, judged: bool) -> None:
             outcome += f": {row['change']}"
         text = outcome if status == "applies" and outcome else row["why"]
         label = {"applies": "applies", "does_not_apply": "no", "unknown": "unknown"}[status]
-        table.add_row(row["id"], f"[{_STATUS_STYLE[status]}]{label}[/]", escape(text))
+        table.add_row(row["id"], styled(label, _STATUS_STYLE[status]), text)
     out.print(table)
     applies = sum(1 for row in rows if row["status"] == "applies")
     out.print(f"{applies} of {len(rows)} apply. `deploykit advisories ID ...` for one in full.")
@@ -207,21 +208,21 @@ def _print_entry(entry: dict[str, Any], verdict: dict[str, Any] | None) -> None:
 
     def para(label: str, text: str) -> None:
         lines = textwrap.wrap(text, width=width - 2, initial_indent="", subsequent_indent="")
-        out.print(f"{label}:", highlight=False, markup=False)
+        out.print(f"{label}:", highlight=False)
         for line in lines or ["-"]:
-            out.print(f"  {line}", highlight=False, markup=False)
+            out.print(f"  {line}", highlight=False)
 
     vllm = entry["vllm"]
     action = entry["action"]
-    out.print(f"{entry['id']}: {entry['title']}", markup=False)
+    out.print(f"{entry['id']}: {entry['title']}")
     para("symptom", entry["symptom"])
-    out.print("references:", markup=False)
+    out.print("references:")
     for ref in entry["references"]:
         label = f"{'' if ref['repo'] == 'vllm-project/vllm' else ref['repo']}#{ref['number']}"
         path = "pull" if ref["kind"] == "pr" else "issues"
-        out.print(f"  {label} https://github.com/{ref['repo']}/{path}/{ref['number']}", markup=False)
+        out.print(f"  {label} https://github.com/{ref['repo']}/{path}/{ref['number']}")
         for line in textwrap.wrap(ref["note"], width=width - 4):
-            out.print(f"    {line}", markup=False)
+            out.print(f"    {line}")
     para("vLLM", f"{_span(vllm)}. {vllm['evidence']}")
     conditions = [
         f"{key} {_condition_text(value)}" for key, value in entry["when"].items() if value is not None

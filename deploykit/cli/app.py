@@ -15,14 +15,16 @@ from typer.core import TyperGroup
 from deploykit import exit_codes
 from deploykit.cli import advisories, canary, fixes, plan, probe, profiles, render, serve, trace
 from deploykit.errors import DeploykitError, UsageError
+from deploykit.untrusted_text import terminal_text
 
 
 def report_error(exc: DeploykitError) -> int:
     """The one place a user-caused failure is printed: its details (a profile's located issues), then one
-    line naming the problem and the way out. Returns the exit code."""
+    line naming the problem and the way out. Returns the exit code. A message may quote a server, a store
+    or a file: what a terminal would act on is shown escaped (deploykit.untrusted_text)."""
     for line in exc.details:
-        typer.echo(line, err=True)
-    typer.echo(f"deploykit: {exc.message}", err=True)
+        typer.echo(terminal_text(line), err=True)
+    typer.echo(f"deploykit: {terminal_text(exc.message)}", err=True)
     return exc.exit_code
 
 

@@ -1,4 +1,5 @@
-"""Rich output for people. Machines use `--format json`, which never goes through here."""
+"""Rich output for people. Machines use `--format json`, which never goes through here. Every string is
+printed as data (deploykit.terminal: escaped, never markup); the labels' emphasis is `styled` words."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
+
+from deploykit.terminal import DataConsole, styled
 
 if TYPE_CHECKING:
     from deploykit.fixes.status import FixRow
@@ -20,7 +24,7 @@ UNCUT_WIDTH = 100_000
 def output_console(highlight: bool = True) -> Console:
     """stdout for people: the terminal's width on a terminal, else wide enough that no cell is cut."""
     terminal = Console().is_terminal
-    return Console(width=None if terminal else UNCUT_WIDTH, highlight=highlight)
+    return DataConsole(width=None if terminal else UNCUT_WIDTH, highlight=highlight)
 
 
 def is_terminal() -> bool:
@@ -61,7 +65,7 @@ def print_probe(facts: ProbeFacts) -> None:
     console.print(table)
     for gpu in facts.gpus:
         for error in gpu.errors:
-            console.print(f"[yellow]GPU {gpu.index}: {error}[/yellow]")
+            console.print(f"GPU {gpu.index}: {error}", style="yellow")
 
 
 def _memory(total: int | None, free: int | None) -> str:
@@ -72,38 +76,43 @@ def _yes(value: bool) -> str:
     return "yes" if value else "no"
 
 
+def _label(words: str) -> Text:
+    return styled(words, "bold")
+
+
 def print_plan(plan: Plan) -> None:
     console.print(
-        f"[bold]profile[/bold] {plan.profile.name}  id {_cut(plan.profile.id, 12)}  ({plan.profile.path})"
+        _label("profile"), f"{plan.profile.name}  id {_cut(plan.profile.id, 12)}  ({plan.profile.path})"
     )
     gpus = ", ".join(f"{g.name} (CC {g.compute_capability})" for g in plan.facts.gpus) or "none"
     console.print(
-        f"[bold]facts[/bold] GPUs: {gpus}; vLLM target {plan.vllm_version or 'unknown'} ({plan.platform}, "
-        f"{plan.model_runner} model runner); source {plan.facts.source}"
+        _label("facts"),
+        f"GPUs: {gpus}; vLLM target {plan.vllm_version or 'unknown'} ({plan.platform}, "
+        f"{plan.model_runner} model runner); source {plan.facts.source}",
     )
     why = "; ".join(plan.requires.problems + plan.requires.notes)
-    console.print(f"[bold]requires[/bold] {plan.requires.status}: {why}")
+    console.print(_label("requires"), f"{plan.requires.status}: {why}")
     for group in ("enabled", "not_needed", "impossible"):
         members = [f for f in plan.fixes if f.decision.value == group]
         if not members:
             continue
-        console.print(f"[{_DECISION_STYLE[group]}]{group.replace('_', ' ')}[/]")
+        console.print(styled(group.replace("_", " "), _DECISION_STYLE[group]))
         for fix in members:
-            console.print(f"  {fix.name} ({fix.mode.value}): {fix.reason}", markup=False)
+            console.print(f"  {fix.name} ({fix.mode.value}): {fix.reason}")
     if plan.advisories:  # known-bad combinations that apply (`deploykit advisories`)
-        console.print("[bold]advisories[/bold]")
+        console.print(_label("advisories"))
     for advisory in plan.advisories:
         refs = ", ".join(ref.split(" ", 1)[0] for ref in advisory.references)
         what = f": {advisory.change}" if advisory.change else ""
-        console.print(f"  advisory {advisory.id} ({refs}): {advisory.outcome}{what}", markup=False)
-    console.print("[bold]launch[/bold]")
+        console.print(f"  advisory {advisory.id} ({refs}): {advisory.outcome}{what}")
+    console.print(_label("launch"))
     if plan.errors:
         console.print("  (not shown: the plan has errors, below)")
     else:
-        console.print(plan.shell(), markup=False, soft_wrap=True)
-    console.print(f"[bold]vLLM argv check[/bold] {plan.validation.status}: {plan.validation.detail}")
+        console.print(plan.shell(), soft_wrap=True)
+    console.print(_label("vLLM argv check"), f"{plan.validation.status}: {plan.validation.detail}")
     for warning in plan.warnings:
-        console.print(f"[yellow]warning:[/yellow] {warning}")
+        console.print(styled("warning:", "yellow"), warning)
 
 
 def print_profile_rows(rows: list[ProfileRow]) -> None:
@@ -117,7 +126,7 @@ def print_profile_rows(rows: list[ProfileRow]) -> None:
     for row in rows:
         table.add_row(
             row.name,
-            f"[{style[row.status]}]{row.status.replace('_', ' ')}[/]",
+            styled(row.status.replace("_", " "), style[row.status]),
             ", ".join(row.enabled_fixes) or "-",
             "\n".join(row.advisories) or "-",
             "\n".join(row.reasons) or "-",

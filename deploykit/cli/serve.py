@@ -228,7 +228,7 @@ def results_list(
             record.verdict,
             record.stage,
             _seconds(record.timings.get("startup_s")),
-            _shorten(record.diagnosis.splitlines()[0] if record.diagnosis else "", width),
+            _shorten(record.diagnosis.split("\n", 1)[0], width),
         )
     output_console().print(table)
 
@@ -252,7 +252,10 @@ def results_show(
         typer.echo(f"deploykit results show: no result #{result_id}", err=True)
         raise typer.Exit(exit_codes.FAILED)
     if format is TableOrJson.json:
-        typer.echo(record.model_dump_json(indent=2))
+        import json
+
+        # json.dumps, not pydantic's JSON: every character a terminal acts on (C1, bidi) comes out escaped.
+        typer.echo(json.dumps(record.model_dump(mode="json"), indent=2))
         return
     _print_record(record)
 
@@ -267,21 +270,19 @@ def _print_record(record: ResultRecord) -> None:
     console.print(
         f"command {record.command}  profile {record.profile_name or '-'}  ({record.profile_id or '-'})"
     )
-    console.print(
-        f"verdict {record.verdict.upper()} at stage {record.stage}: {record.diagnosis}", markup=False
-    )
+    console.print(f"verdict {record.verdict.upper()} at stage {record.stage}: {record.diagnosis}")
     console.print("versions " + "  ".join(f"{k} {v or '-'}" for k, v in record.versions.items()))
     if record.plan:
         import shlex
 
-        console.print("argv " + shlex.join(record.plan.get("argv", [])), markup=False)
+        console.print("argv " + shlex.join(record.plan.get("argv", [])))
         env = record.plan.get("env") or {}
         if env:
-            console.print("env " + " ".join(f"{k}={v}" for k, v in env.items()), markup=False)
+            console.print("env " + " ".join(f"{k}={v}" for k, v in env.items()))
     console.print("timings " + "  ".join(f"{k} {v}" for k, v in record.timings.items()))
     if record.fixes_active is not None:
         active = ", ".join(f"{name} ({target})" for name, target in record.fixes_active.items())
-        console.print(f"fixes active on the server: {active or 'none'}", markup=False)
+        console.print(f"fixes active on the server: {active or 'none'}")
     if record.cases:
         table = Table("case", "model", "ok", "latency", "tok/s", "finish", "first ids", "diagnosis")
         for case in record.cases:
@@ -300,7 +301,7 @@ def _print_record(record: ResultRecord) -> None:
         console.print(f"log {record.log_path}")
     if record.log_tail:
         console.print("--- log tail ---")
-        console.print("\n".join(record.log_tail.splitlines()[-20:]), markup=False)
+        console.print("\n".join(record.log_tail.split("\n")[-20:]))
 
 
 def _seconds(value: float | None) -> str:
@@ -308,7 +309,10 @@ def _seconds(value: float | None) -> str:
 
 
 def _shorten(text: str, width: int | None) -> str:
-    text = " ".join(text.split())
+    """One line, cut to `width`: its characters a terminal acts on escaped first, so none is dropped."""
+    from deploykit.untrusted_text import terminal_text
+
+    text = " ".join(terminal_text(text).split())
     return text if width is None or len(text) <= width else text[: width - 1] + "…"
 
 

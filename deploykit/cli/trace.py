@@ -68,12 +68,18 @@ def trace(
         quiet=not verbose,
     )
 
-    def say(message: str) -> None:
-        typer.echo(message, err=True)
+    from deploykit.untrusted_text import terminal_text
+
+    def say(message: str) -> None:  # the served model's words among them: shown escaped
+        typer.echo(terminal_text(message, lines=True), err=True)
 
     code, report = run_trace(options, say)
     if report is not None:
-        typer.echo(report_json(report) if format is TraceFormat.json else render_text(report))
+        typer.echo(
+            report_json(report)
+            if format is TraceFormat.json
+            else terminal_text(render_text(report), lines=True)
+        )
     raise typer.Exit(code)
 
 

@@ -66,7 +66,8 @@ def load_facts(path: str) -> ProbeFacts:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "(top level)"
-        got = f" (got {str(first['input'])[:40]!r})" if first["type"] == "string_pattern_mismatch" else ""
+        shown = first["type"] in ("string_pattern_mismatch", "not_a_version", "hidden_character")
+        got = f" (got {str(first['input'])[:40]!r})" if shown else ""  # repr: a line break shows as \n
         raise ProbeError(f"{path}: not a deploykit probe file: {where}: {first['msg']}{got}") from None
     facts.source = str(file)
     return facts

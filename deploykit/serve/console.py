@@ -1,5 +1,6 @@
 """The terminal while deploykit launches vLLM (`serve`, its restarts, `smoke`, `trace`): deploykit's own
-progress for people; vLLM's log stays in its file unless the person asked to see it (`--verbose`)."""
+progress for people; vLLM's log stays in its file unless the person asked to see it (`--verbose`). A
+server's words in these lines are data: deploykit.terminal's console escapes what a terminal would act on."""
 
 from __future__ import annotations
 
@@ -24,10 +25,10 @@ class ConsoleUI:
     also streams it to stderr as it is written."""
 
     def __init__(self, quiet: bool = True) -> None:
-        from rich.console import Console
+        from deploykit.terminal import DataConsole
 
-        self.out = Console(highlight=False)
-        self.err = Console(stderr=True, highlight=False)
+        self.out = DataConsole(highlight=False)
+        self.err = DataConsole(stderr=True, highlight=False)
         self.quiet = quiet
         self._status: Any = None
         self._next_plain = FIRST_PLAIN_PROGRESS_S
@@ -39,17 +40,17 @@ class ConsoleUI:
     # soft_wrap: deploykit's own lines are never re-flowed to 80 columns (a pipe, a file, a journal):
     # a verdict stays one line for grep and a path is never split; a terminal wraps them itself.
     def say(self, message: str) -> None:
-        self.out.print(message, markup=False, soft_wrap=True)
+        self.out.print(message, soft_wrap=True)
         self.out.file.flush()
 
     def warn(self, message: str) -> None:
-        self.err.print(f"deploykit: {message}", markup=False, style="yellow", soft_wrap=True)
+        self.err.print(f"deploykit: {message}", style="yellow", soft_wrap=True)
 
     def log_lines(self, lines: Sequence[str]) -> None:
         """vLLM's new log lines: on stderr when verbose, else nowhere (they are in its log file)."""
         if self.verbose:
             for line in lines:
-                self.err.print(line, markup=False, highlight=False, soft_wrap=True)
+                self.err.print(line, highlight=False, soft_wrap=True)
 
     def progress(self, elapsed: float, last_line: str) -> None:
         """The one line while vLLM loads: seconds so far and vLLM's latest log line."""
@@ -65,7 +66,7 @@ class ConsoleUI:
                 self._status.update(text)
         elif elapsed >= self._next_plain:
             self._next_plain = elapsed + PLAIN_PROGRESS_EVERY_S
-            self.err.print(text, markup=False, soft_wrap=True)
+            self.err.print(text, soft_wrap=True)
 
     def end_progress(self) -> None:
         if self._status is not None:
@@ -79,9 +80,13 @@ class ConsoleUI:
         line = (
             f"  {mark} {result.name:<12} {result.latency_s:6.2f} s  {speed:>12}  ids {result.first_ids[:8]}"
         )
-        if result.text:  # the model's words beside its ids; repr escapes anything a terminal would act on
+        if result.text:  # the model's words beside its ids, quoted (repr): a line break shows as \n
             line += f"  {result.text[:TEXT_SHOWN_CHARS]!r}"
-        self.say(line + (f"\n       {result.diagnosis}" if result.diagnosis else ""))
+        if result.diagnosis:  # one line, however the server's message was broken
+            from deploykit.untrusted_text import terminal_text
+
+            line += f"\n       {terminal_text(result.diagnosis)}"
+        self.say(line)
 
 
 class LogFollower:

@@ -22,8 +22,8 @@ from deploykit.canary.nan_counter import NanCounterPoller
 from deploykit.canary.runner import Canary, CanaryConfig
 from deploykit.canary.settings import CanarySettings
 from deploykit.profile.schema import SmokeCase
-from tests.cli_process import PythonProcess, start_python
-from tests.smoke.hostile_server import MODEL, Hostile
+from tests.cli_process import PythonProcess, run_deploykit, start_python
+from tests.smoke.hostile_server import HOSTILE_TEXT, MODEL, SHOWN_ESCAPED, Hostile, acted_on
 
 REPO = Path(__file__).resolve().parents[2]
 DEADLINE_S = 1.0  # four trickled bytes (TRICKLE_EVERY_S): a per-read timeout never ends it
@@ -209,3 +209,30 @@ def test_deploykit_canary_stays_up_and_stops_on_sigterm(mode: str, word: str, ru
                 process.wait()
     assert process.returncode == 0 and "Traceback" not in stderr, stderr
     assert stopped_in < 1 + DEADLINE_SLACK_S, stopped_in  # a run in progress ends at its deadline
+
+
+def test_a_model_id_and_answers_with_escape_sequences_are_shown_escaped() -> None:
+    """The canary printed the model id the server lists (`canary for ID at ...`) and its error answers raw
+    (issue 43): a clear screen and a green `verdict: PASS` from the server reached the terminal."""
+    with Hostile("http-500-escapes", model=HOSTILE_TEXT).serving() as url:
+        argv = ["-m", "deploykit", "canary", "--url", url, "--no-store", "--every", "0.2", "--timeout", "5"]
+        argv += ["--metrics-every", "0", "--no-watch-restarts", "--listen", "127.0.0.1:0"]
+        process = start_python(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=dict(os.environ)
+        )
+        try:
+            lines = read_lines(process, 1, within_s=60)
+            process.send_signal(signal.SIGTERM)
+            _, stderr = process.communicate(timeout=DEADLINE_SLACK_S + 15)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        refused = run_deploykit(["canary", "--url", url, "--model", MODEL, "--no-store"], cwd=REPO)
+    output = "\n".join(lines) + stderr
+    assert acted_on(output) == [], output
+    (started,) = [line for line in lines if line.startswith("canary for ")]
+    assert all(part in started for part in SHOWN_ESCAPED), started
+    assert all(part in "\n".join(lines) for part in SHOWN_ESCAPED[1:]), lines  # the run's diagnosis
+    assert refused.returncode == 2 and acted_on(refused.stderr) == [], refused.stderr
+    assert f"does not serve 'tiny'; it serves boom{SHOWN_ESCAPED[0]}" in refused.stderr, refused.stderr

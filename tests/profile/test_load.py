@@ -75,6 +75,12 @@ BROKEN = [
         "'completion'",
         id="bad-smoke-case",
     ),
+    pytest.param(
+        MINIMAL + "serve:\n  usage_stats: sometimes\n",
+        ["5:16: serve.usage_stats"],
+        "boolean",
+        id="usage-stats",
+    ),
     pytest.param("- just\n- a list\n", ["1:1: (top level)"], "mapping", id="not-a-mapping"),
 ]
 
@@ -145,6 +151,7 @@ def test_profile_id_is_stable_across_the_advisories_field() -> None:
     for later in (
         "advisories: {fp8-kv-deepseek-v3: ignore}\n",
         "serve: {count_nan_logits: false}\n",
+        "serve: {usage_stats: true}\n",
         "smoke: {fingerprint: {top_k: 7}}\n",
     ):  # a later field set away from its default is part of the id
         assert parse_profile(base + later).profile_id() != plain.profile_id(), later

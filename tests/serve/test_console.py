@@ -30,3 +30,26 @@ def test_a_case_line_shows_the_answer_beside_its_ids_escaped(capsys: pytest.Capt
     first, second = capsys.readouterr().out.splitlines()
     assert first.endswith("ids []  'The capital of France is Paris.'")
     assert second.endswith(r"ids []  '\x1b[31m[red]x\n'")  # a terminal control is shown, never sent
+
+
+def test_a_servers_words_in_any_line_are_shown_escaped_and_a_diagnosis_stays_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 43: a server's escape sequences and markup in a diagnosis reached the terminal raw; a line
+    break in a case's diagnosis could print a line of its own (`verdict: PASS`)."""
+    from deploykit.smoke import CaseResult
+
+    ui = ConsoleUI(quiet=True)
+    ui.say("verdict: FAIL (done): HTTP 500: \x1b[2J[/x]\u202e\nsecond line")
+    ui.warn("\x9b2J[bold]")
+    ui.case(
+        CaseResult(name="c", kind="chat", endpoint="e", model="m", passed=False, diagnosis="a\nverdict: PASS")
+    )
+    out, err = capsys.readouterr()
+    assert out.splitlines() == [
+        r"verdict: FAIL (done): HTTP 500: \x1b[2J[/x]\u202e",
+        "second line",  # deploykit's own line breaks stay
+        "  FAIL c              0.00 s             -  ids []",
+        r"       a\nverdict: PASS",
+    ]
+    assert err == "deploykit: \\x9b2J[bold]\n"

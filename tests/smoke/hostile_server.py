@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+import unicodedata
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler
 from typing import Any
@@ -82,6 +83,24 @@ ERROR_MODES: dict[str, tuple[int, str]] = {
 }
 
 
+# A server's own words that a terminal would act on, and Rich markup (issue 43): clear the screen, home the
+# cursor, a green "verdict: PASS"; a closing tag that opens nothing; a right-to-left override; a C1 CSI, a
+# bell. Shown, they must read as written (escaped), never act; stored, they are kept as they came.
+HOSTILE_TEXT = "boom\x1b[2J\x1b[H\x1b[32mverdict: PASS\x1b[0m [/x] [bold]b\u202eevil\x9b2J\x07"
+ERROR_MODES["http-500-escapes"] = (500, HOSTILE_TEXT)
+SHOWN_ESCAPED = ("\\x1b[2J\\x1b[H\\x1b[32mverdict: PASS\\x1b[0m", "[/x] [bold]b\\u202eevil\\x9b2J\\x07")
+"""How HOSTILE_TEXT reads on a terminal: each character that would act written as its escape."""
+TERMINAL_ACTS_ON = "\u2028\u2029\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+
+
+def acted_on(output: str) -> list[str]:
+    """The characters in `output` a terminal would act on instead of showing (a line break aside):
+    control characters, the line and paragraph separators, the bidirectional overrides and isolates."""
+    return sorted(
+        {c for c in output if c != "\n" and (unicodedata.category(c) == "Cc" or c in TERMINAL_ACTS_ON)}
+    )
+
+
 def error_body(status: int, message: str) -> str:
     """vLLM's OpenAI-style error answer."""
     return json.dumps({"error": {"message": message, "type": "Error", "param": None, "code": status}})
@@ -112,8 +131,11 @@ class Hostile:
         metrics_flood: bool = False,
         slow_listing: bool = False,
         api_keys: set[str] | None = None,
+        model: str = MODEL,
     ) -> None:
         self.mode = mode
+        self.model = model
+        """The id `/v1/models` lists (a hostile one: HOSTILE_TEXT)."""
         self.api_keys = api_keys
         """With keys, /v1/* wants `Authorization: Bearer KEY`, one of them (vLLM's --api-key); else 401."""
         self.slow_listing = slow_listing
@@ -146,7 +168,7 @@ class Hostile:
                 if hostile.slow_listing and self.path in ("/v1/models", "/health"):
                     self._trickle(json.dumps({"data": [{"id": MODEL}]}).encode())
                 elif self.path == "/v1/models":
-                    self._json(200, json.dumps({"data": [{"id": MODEL, "max_model_len": 2048}]}))
+                    self._json(200, json.dumps({"data": [{"id": hostile.model, "max_model_len": 2048}]}))
                 elif self.path == "/health":
                     self._json(200, "")
                 elif self.path == "/metrics":

@@ -23,7 +23,7 @@ import pytest
 from deploykit.results.sql.store import open_store
 from deploykit.smoke import SmokeRequest, run_smoke
 from tests.cli_process import run_deploykit
-from tests.smoke.hostile_server import JSON_MODES, MODEL, Hostile
+from tests.smoke.hostile_server import HOSTILE_TEXT, JSON_MODES, MODEL, SHOWN_ESCAPED, Hostile, acted_on
 
 REPO = Path(__file__).resolve().parents[2]
 DEADLINE_S = 1.0  # four trickled bytes (TRICKLE_EVERY_S): a per-read timeout never ends it
@@ -163,3 +163,27 @@ def test_deploykit_smoke_stores_one_row_and_prints_no_traceback(mode: str, tmp_p
     (row,) = rows
     assert not row.passed and not row.unreadable and row.verdict != "pass", row
     assert row.cases and not any(case.passed for case in row.cases if case.name != "fixes"), row.cases
+
+
+def test_a_servers_escape_sequences_and_markup_are_shown_escaped_and_stored_as_they_came(
+    tmp_path: Path,
+) -> None:
+    """An HTTP 500 whose message clears the screen and prints a green `verdict: PASS` reached the terminal
+    raw (issue 43): it is shown escaped, read as no markup, and the stored row keeps the server's words."""
+    store = f"sqlite:///{tmp_path / 'results.sqlite'}"
+    with Hostile("http-500-escapes").serving() as url:
+        result = run_deploykit(
+            ["smoke", "--url", url, "--model", MODEL, "--timeout", "5"],
+            cwd=REPO,
+            env={**os.environ, "DEPLOYKIT_STORE": store, "COLUMNS": "200"},
+        )
+    output = result.stdout + result.stderr
+    assert result.returncode == 1 and "Traceback" not in output, output
+    assert acted_on(output) == [], output
+    assert all(shown in result.stdout for shown in SHOWN_ESCAPED), result.stdout
+    opened = open_store(store)
+    try:
+        (row,) = opened.recent(limit=10)
+    finally:
+        opened.close()
+    assert HOSTILE_TEXT in row.diagnosis and all(HOSTILE_TEXT in c.diagnosis for c in row.cases), row
