@@ -236,9 +236,9 @@ def vllm_image_tag(version: str) -> str:
 
 
 def same_release(first: str, second: str) -> bool:
-    """`0.32.0+cpu` and `0.32.0` are one release (the local label names the build); unreadable versions
-    are compared as text."""
+    """`0.32.0+cpu` and `0.32.0` are one release (the local label names the build), and so are `0.32` and
+    `0.32.0` (PEP 440 equality); unreadable versions are compared as text."""
     parsed = _parse_pep440(first), _parse_pep440(second)
     if parsed[0] is None or parsed[1] is None:
         return first == second
-    return vllm_image_tag(first) == vllm_image_tag(second)
+    return parsed[0].key == parsed[1].key

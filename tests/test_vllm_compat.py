@@ -148,6 +148,8 @@ def test_vllm_image_tag_refuses_what_is_not_a_version(version: str) -> None:
         ("0.32.0", "0.32.0", True),
         ("0.32.0+cpu", "0.33.0", False),
         ("0.33.0rc1", "0.33.0", False),
+        ("0.32", "0.32.0+cpu", True),  # PEP 440: trailing zeros do not count
+        ("0.32.0.post1", "0.32.0", False),
         ("main", "main", True),  # unreadable: compared as text
         ("main", "0.32.0", False),
     ],

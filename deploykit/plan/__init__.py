@@ -15,6 +15,8 @@ from deploykit.fixes import load_fix
 from deploykit.fixes.base import Decision, DecisionInputs, FixDecision, effective_runner
 from deploykit.plan.findings import (
     disabled_but_called_for,
+    installed_vllm_mismatch,
+    installed_vllm_warning,
     plugins_exclude_deploykit,
     removed_env_warnings,
     target_mismatch,
@@ -26,7 +28,8 @@ from deploykit.plan.inputs import checkpoint_facts as checkpoint_facts
 from deploykit.plan.inputs import decision_inputs, read_local_config, resolve_model_path
 from deploykit.plan.inputs import target_vllm_version as target_vllm_version
 from deploykit.plan.launch import NAN_COUNTER_ENV as NAN_COUNTER_ENV
-from deploykit.plan.launch import build_argv, build_env, extra_arg_conflicts
+from deploykit.plan.launch import build_argv, build_env, extra_arg_conflicts, usage_stats_conflicts
+from deploykit.plan.launch import hub_sources as hub_sources
 from deploykit.plan.launch import owned_flags as owned_flags
 from deploykit.plan.model import Plan, ProfileRef
 from deploykit.plan.requirements import check_requirements
@@ -42,6 +45,9 @@ __all__ = [
     "Plan",
     "build_env",
     "checkpoint_facts",
+    "host_vllm_mismatch",
+    "host_vllm_warning",
+    "hub_sources",
     "make_plan",
     "owned_flags",
     "resolve_model_path",
@@ -72,7 +78,7 @@ def make_plan(
     inputs = decision_inputs(profile, facts, model_path)
     decisions = decide_fixes(profile, inputs, overrides or {})
     enabled = [d.name for d in decisions if d.decision is Decision.ENABLED]
-    errors = extra_arg_conflicts(profile)
+    errors = extra_arg_conflicts(profile) + usage_stats_conflicts(profile)
     mismatch = target_mismatch(profile, facts, inputs)
     if mismatch:
         errors.insert(0, mismatch)
@@ -83,6 +89,9 @@ def make_plan(
     untested = untested_vllm_warning(inputs.vllm_version)
     if untested:
         warnings.append(untested)
+    installed = installed_vllm_warning(profile.vllm_version, facts)
+    if installed:
+        warnings.append(installed)
     unknown = unknown_release_warning(inputs.vllm_version, decisions)
     if unknown:
         warnings.append(unknown)
@@ -114,7 +123,7 @@ def make_plan(
     runner = effective_runner(inputs)
     for decision in decisions:
         warnings += load_fix(decision.name).plan_warnings(inputs, decision)
-    env, secrets = build_env(profile, enabled, inputs.vllm_version)
+    env, secrets = build_env(profile, enabled, inputs.vllm_version, model_path)
     warnings += removed_env_warnings(env, inputs.vllm_version)
     argv = build_argv(profile, model_path, enabled, inputs)
     advice = plan_advice(profile, facts, inputs, (argv, env), decisions, runner)
@@ -136,6 +145,17 @@ def make_plan(
     )
     plan._verdicts = advice.verdicts
     return plan
+
+
+def host_vllm_mismatch(plan: Plan) -> str | None:
+    """The plan's vLLM against the one its facts' host has installed (findings.installed_vllm_mismatch):
+    what `deploykit serve` refuses on, naming both; None when they are one release."""
+    return installed_vllm_mismatch(plan.vllm_version, plan.facts)
+
+
+def host_vllm_warning(plan: Plan) -> str | None:
+    """The warning `make_plan` gave for that mismatch: a host's, which a chart (the profile's image) drops."""
+    return installed_vllm_warning(plan.vllm_version, plan.facts)
 
 
 def plan_advice(

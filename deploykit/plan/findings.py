@@ -1,6 +1,6 @@
-"""What a plan warns of or refuses besides the fixes' own decisions: an untested or unknown vLLM, variables it
-no longer reads, a server open without a key, a target the facts do not match, a fix turned off that the
-facts call for, a VLLM_PLUGINS that leaves deploykit out."""
+"""What a plan warns of or refuses besides the fixes' own decisions: an untested or unknown vLLM, a pinned
+vLLM the host does not have installed, variables it no longer reads, a server open without a key, a target the
+facts do not match, a fix turned off that the facts call for, a VLLM_PLUGINS that leaves deploykit out."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from deploykit.probe.facts import ProbeFacts
 from deploykit.profile.schema import FixMode, Profile
 from deploykit.vllm_compat import (
     TESTED_VLLM,
+    same_release,
     version_in_range,
 )
 from deploykit.vllm_tables import NEWEST_KNOWN_RELEASE, env_vars_removed_by, newer_than_known
@@ -100,6 +101,29 @@ def target_mismatch(profile: Profile, facts: ProbeFacts, inputs: DecisionInputs)
             f"{way_out}, or set the profile's vllm_version"
         )
     return None
+
+
+def installed_vllm_mismatch(target: str | None, facts: ProbeFacts) -> str | None:
+    """The target (a profile's pinned `vllm_version`) against the vLLM the facts' host has installed, by
+    release (`0.32.0+cpu` is 0.32.0): why they differ, naming both, or None (the same release, or nothing to
+    compare). A plan targets the facts' vLLM unless the profile pins one, so only a pin can differ."""
+    installed = facts.vllm_version
+    if not target or not installed or same_release(target, installed):
+        return None
+    where = "this machine's probe" if facts.source == "nvml" else f"the saved probe {facts.source}"
+    return f"the profile's vllm_version is {target}, but {where} shows vLLM {installed} installed"
+
+
+def installed_vllm_warning(target: str | None, facts: ProbeFacts) -> str | None:
+    """`installed_vllm_mismatch` as a plan's warning: what it means on that host, and the ways out."""
+    mismatch = installed_vllm_mismatch(target, facts)
+    if mismatch is None:
+        return None
+    return (
+        f"{mismatch}: this plan is for {target}, so `deploykit serve` and the rendered systemd unit refuse "
+        f"to start there; install vLLM {target} on that host, or change the profile's vllm_version "
+        "(a Helm chart runs the profile's release: its image)"
+    )
 
 
 def disabled_but_called_for(

@@ -1,5 +1,6 @@
-"""The exact launch a plan writes: the `vllm serve` argv, the environment (secrets as references), and the
-flags the profile owns, which `serve.extra_args` may not set again in any spelling."""
+"""The exact launch a plan writes: the `vllm serve` argv, the environment (secrets as references; private by
+default: vLLM's usage-stats opt-out, and the hub off for a local model), and the flags the profile owns, which
+`serve.extra_args` may not set again in any spelling."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from deploykit import argv as argv_reader
 from deploykit.fixes import FIX_NAMES, load_fix
 from deploykit.fixes.base import DecisionInputs
 from deploykit.plugin_contract import FIXES_ENV as FIXES_ENV_VAR
-from deploykit.profile.schema import Profile, SecretRef
+from deploykit.profile.schema import BUILTIN_PREFIX, Profile, SecretRef
 from deploykit.vllm_compat import (
     RUNNER_ENV,
     runner_env_value,
@@ -78,10 +79,64 @@ def build_argv(profile: Profile, model_path: str, enabled: list[str], inputs: De
 NAN_COUNTER_ENV = "VLLM_COMPUTE_NANS_IN_LOGITS"
 """Makes vLLM count requests with NaN logits (`vllm:corrupted_requests`), which the canary reads."""
 
+# vLLM reports usage to its stats server unless one of these is exactly "1" (vLLM 0.32:
+# vllm/usage/usage_lib.py, is_usage_stats_enabled; vllm/envs.py reads VLLM_DO_NOT_TRACK, else DO_NOT_TRACK).
+# Every plan writes the first two unless the profile opts in (`serve.usage_stats: true`); DO_NOT_TRACK also
+# turns off the Hugging Face hub's telemetry.
+USAGE_STATS_OPT_OUT = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+USAGE_STATS_VARIABLES = ("VLLM_NO_USAGE_STATS", "DO_NOT_TRACK", "VLLM_DO_NOT_TRACK")
+# The hub switched off (huggingface_hub reads either) when vLLM opens only local paths: serve, the systemd
+# unit and the chart's vLLM container all run with it then.
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def hub_sources(profile: Profile, model_path: str) -> list[tuple[str, str]]:
+    """(field, hub id) for the model and each static adapter vLLM would fetch from the hub: every one that
+    is not a local (absolute) path. `model_path` is the path vLLM is given (a builtin model is local)."""
+    sources = [] if model_path.startswith(("/", BUILTIN_PREFIX)) else [("model.source", model_path)]
+    for name, path in profile.serve.lora.adapters.items():
+        if not path.startswith("/"):
+            sources.append((f"serve.lora.adapters.{name}", path))
+    return sources
+
+
+def private_env(profile: Profile, model_path: str) -> dict[str, str]:
+    """What a plan adds to keep the deployment to itself: the usage-stats opt-out (unless the profile opts
+    in), and the hub switched off when every model path is local. A value the profile's env gives wins."""
+    env = {} if profile.serve.usage_stats else dict(USAGE_STATS_OPT_OUT)
+    if not hub_sources(profile, model_path):
+        env.update(OFFLINE_ENV)
+    return env
+
+
+def usage_stats_conflicts(profile: Profile) -> list[str]:
+    """The profile's env contradicting `serve.usage_stats`: one line per variable. Off (the default) with a
+    variable that is not "1" (the only value vLLM reads as off); on with one that turns the report off."""
+    errors = []
+    for name in USAGE_STATS_VARIABLES:
+        value = profile.env.get(name)
+        if value is None:
+            continue
+        shown = f"{{secret: {value.secret}}}" if isinstance(value, SecretRef) else repr(value)
+        if profile.serve.usage_stats and value == "1":
+            errors.append(
+                f"serve.usage_stats is true, but env {name}={shown} turns vLLM's usage report off: remove "
+                "one of the two"
+            )
+        elif not profile.serve.usage_stats and value != "1":
+            errors.append(
+                f'env {name}={shown} would let vLLM report usage (only "1" turns it off), but '
+                "serve.usage_stats is false (private, the default): remove it from env, or set "
+                "`serve.usage_stats: true` to let vLLM report usage"
+            )
+    return errors
+
 
 def build_env(
-    profile: Profile, enabled: list[str], vllm_version: str | None = None
+    profile: Profile, enabled: list[str], vllm_version: str | None = None, model_path: str | None = None
 ) -> tuple[dict[str, str], dict[str, str]]:
+    """The launch env (secrets as `${NAME}` references) and each secret's host variable. `model_path`: the
+    path vLLM is given (default: the profile's model.source)."""
     env: dict[str, str] = {}
     secrets: dict[str, str] = {}
     for key, value in profile.env.items():
@@ -100,6 +155,8 @@ def build_env(
     if profile.serve.count_nan_logits:
         # vLLM counts requests with NaN logits for the canary; a value the profile's env gives wins.
         env.setdefault(NAN_COUNTER_ENV, "1")
+    for key, value in private_env(profile, model_path or profile.model.source).items():
+        env.setdefault(key, value)
     if enabled:
         env[FIXES_ENV_VAR] = ",".join(enabled)
     return env, secrets

@@ -239,6 +239,11 @@ class ServeSettings(_Strict):
         description="set VLLM_COMPUTE_NANS_IN_LOGITS=1: vLLM counts requests with NaN logits "
         "(vllm:corrupted_requests), which the canary reads every few seconds",
     )
+    usage_stats: bool = Field(
+        default=False,
+        description="let vLLM report usage to its stats server; off by default: every plan sets "
+        "VLLM_NO_USAGE_STATS=1 and DO_NOT_TRACK=1 unless this is true",
+    )
 
 
 class Requires(_Strict):
@@ -481,6 +486,7 @@ _LATER_FIELD_DEFAULTS: dict[tuple[str, ...], object] = {
     ("advisories",): {},
     ("model", "volumes"): [],
     ("serve", "count_nan_logits"): True,
+    ("serve", "usage_stats"): False,
     ("smoke", "fingerprint"): FingerprintSpec().model_dump(mode="json"),
     ("smoke", "known_answers"): [],
 }

@@ -430,4 +430,9 @@ def render_helm(plan: Plan, loaded: LoadedProfile) -> RenderResult:
     ]
     # The chart is a directory named after it, as `helm create` makes it.
     files = [item.model_copy(update={"path": f"{chart_name}/{item.path}"}) for item in files]
-    return RenderResult(files=files, warnings=[*plan.warnings, *warnings])
+    # The pod runs the profile's release (the image tag), never a host's installed vLLM: that warning is not
+    # the chart's.
+    from deploykit.plan import host_vllm_warning
+
+    host_only = host_vllm_warning(plan)
+    return RenderResult(files=files, warnings=[*(w for w in plan.warnings if w != host_only), *warnings])

@@ -5,7 +5,8 @@ the pod, and something in the release must put the files there: a PVC, a node di
 an init container that downloads them (for clusters with egress, never by default). A local path that no
 volume holds would make vLLM crash-loop at start-up (static adapters are loaded then), so render refuses
 it. When every path is local the pod runs with the hub switched off (`HF_HUB_OFFLINE`,
-`TRANSFORMERS_OFFLINE`): a cluster without egress never waits on a hub it cannot reach.
+`TRANSFORMERS_OFFLINE`): a cluster without egress never waits on a hub it cannot reach. The rule is the plan's
+(deploykit.plan.hub_sources), whose env carries the same variables to serve and the systemd unit.
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ from deploykit.render.common import RenderError
 if TYPE_CHECKING:
     from deploykit.plan import Plan
     from deploykit.profile.schema import LoadedProfile
-
-OFFLINE_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 
 
 def _is_local(path: str) -> bool:
@@ -77,13 +76,10 @@ def model_values(plan: Plan, loaded: LoadedProfile) -> tuple[dict[str, Any], lis
                 "entry whose mount_path holds it (kind pvc, host_path, image or download; docs/deploy.md, "
                 "offline model staging)"
             )
+    from deploykit.plan import hub_sources
+
     warnings = []
-    hub = [("model.source", plan.argv[2])] if not _is_local(plan.argv[2]) else []
-    hub += [
-        (f"serve.lora.adapters.{name}", path)
-        for name, path in profile.serve.lora.adapters.items()
-        if not _is_local(path)
-    ]
+    hub = hub_sources(profile, plan.argv[2])  # the plan's rule: it runs offline when this is empty
     for field, name in hub:
         warnings.append(
             f"{field} {name} is fetched from the Hugging Face hub at every pod start: the cluster must reach "

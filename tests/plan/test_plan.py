@@ -475,7 +475,10 @@ def test_the_profiles_vllm_version_is_the_target_before_the_facts(tmp_path: Path
     [(None, "unknown (no vllm_version in the profile or the facts)"), ("main", "'main', not a version")],
 )
 def test_an_unknown_target_vllm_version_is_one_warning(vllm_version: str | None, said: str) -> None:
-    plan = make_plan(load_profile("demo-cpu"), ProbeFacts(vllm_version=vllm_version))
+    """From the profile: a facts file's vllm_version is always a version (probe/facts.py, issue 43)."""
+    loaded = load_profile("demo-cpu")
+    pinned = LoadedProfile(loaded.profile.model_copy(update={"vllm_version": vllm_version}), loaded.path)
+    plan = make_plan(pinned, ProbeFacts())
     assert plan.vllm_version == vllm_version and plan.errors == []
     [warning] = version_warnings(plan)
     assert warning.startswith(f"the target vLLM version is {said}")
