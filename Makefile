@@ -65,6 +65,13 @@ clean-venv:
 
 # Add a vLLM release: fetch and pin its wheel, unpack its sources, write its option table and report
 # (docs/vllm-releases), run the tier over it. `make vllm-release VERSION=0.35.0` (tools/vllm_release.py).
+# VERSION reaches the shell only once make has seen it is digits and dots, read unexpanded ($(value): a
+# `$(shell ...)` in it never runs), before anything is built; the tool then takes only N.N.N in ASCII.
+ifneq ($(filter vllm-release,$(MAKECMDGOALS)),)
+RELEASE_OTHER_CHARS := $(subst .,,$(subst 0,,$(subst 1,,$(subst 2,,$(subst 3,,$(subst 4,,$(subst 5,,$(subst 6,,$(subst 7,,$(subst 8,,$(subst 9,,$(value VERSION))))))))))))
+ifneq ($(words $(value VERSION))$(RELEASE_OTHER_CHARS),1)
+$(error make vllm-release: VERSION must be a release like 0.35.0, digits and dots only: make vllm-release VERSION=0.35.0)
+endif
+endif
 vllm-release: $(STAMP)
-	@test -n "$(VERSION)" || { echo "usage: make vllm-release VERSION=0.35.0"; exit 2; }
-	$(BIN)/python tools/vllm_release.py $(VERSION) $(if $(NO_TIER),--no-tier) $(if $(WIDEN),--widen)
+	$(BIN)/python tools/vllm_release.py '$(value VERSION)' $(if $(NO_TIER),--no-tier) $(if $(WIDEN),--widen)

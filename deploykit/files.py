@@ -8,7 +8,9 @@ results or logs, and a rendered set all at once.
   never followed. A manifest (`.deploykit-render.json`) records the sha256 of each file written; a file
   whose content no longer matches it (a person edited it), or that deploykit did not write, is not
   overwritten unless `force`. A secrets file (`keep=True`: `P.env.example`) that exists is never
-  overwritten, not even with `force`: it may hold the filled-in secrets.
+  overwritten, not even with `force`: it may hold the filled-in secrets. The manifest also records whose
+  set each file is of (`OutFile.owner`: the profile): a file of another owner's set is never written over,
+  not even with `force` (profiles `x.y` and `x_y` make one chart name, `x-y`: the second is refused).
 - `make_private_dirs`, `open_private` and `replace_private`: owner-only directories (0700) and files
   (0600) for the results store, logs and trace output, created with O_NOFOLLOW | O_EXCL semantics so an
   existing link is never followed to create or truncate its target.
@@ -44,12 +46,14 @@ class WriteRefused(Exception):
 @dataclass(frozen=True)
 class OutFile:
     """One file of a set: its path relative to the output directory, its bytes and mode. `keep`: a file a
-    person fills in (secrets): once it exists it is theirs, and deploykit never overwrites it."""
+    person fills in (secrets): once it exists it is theirs, and deploykit never overwrites it. `owner`: whose
+    set it is of (a profile's name; None: a file every set holds alike)."""
 
     path: str
     content: bytes
     mode: int = 0o644
     keep: bool = False
+    owner: str | None = None
 
 
 @dataclass
@@ -109,16 +113,27 @@ def _existing(name: str, dir_fd: int, where: Path) -> bytes | None:
         return handle.read()
 
 
-def _read_manifest(out_fd: int) -> dict[str, str]:
+def _read_manifest(out_fd: int) -> tuple[dict[str, str], dict[str, str]]:
+    """(path -> sha256 written, path -> owner) from the manifest; empty where it cannot be read."""
     try:
         raw = _existing(MANIFEST_NAME, out_fd, Path("."))
         data = json.loads(raw or b"{}")
-    except (WriteRefused, ValueError, OSError):
-        return {}
-    files = data.get("files") if isinstance(data, dict) else None
-    if not isinstance(files, dict):
-        return {}
-    return {str(k): str(v) for k, v in files.items()}
+    except (WriteRefused, ValueError, OSError, RecursionError):
+        return {}, {}
+    tables = [data.get(key) if isinstance(data, dict) else None for key in ("files", "owners")]
+    files, owners = ({str(k): str(v) for k, v in t.items()} if isinstance(t, dict) else {} for t in tables)
+    return files, owners
+
+
+def _other_owner(item: OutFile, owners: dict[str, str], target: Path) -> WriteRefused | None:
+    """The refusal when `item`'s path is recorded as a file of another owner's set (None: it is not)."""
+    recorded = owners.get(item.path)
+    if item.owner is None or recorded is None or recorded == item.owner:
+        return None
+    return WriteRefused(
+        f"{target} was rendered for profile {recorded[:100]!r}, not {item.owner!r}: two profiles never write "
+        "one file (their names make one chart or unit name); render into another --out, or remove it"
+    )
 
 
 def write_set(out_dir: Path, files: Sequence[OutFile], *, force: bool = False) -> SetWritten:
@@ -132,7 +147,7 @@ def write_set(out_dir: Path, files: Sequence[OutFile], *, force: bool = False) -
     created: list[tuple[int, str]] = []
     done = False
     try:
-        manifest = _read_manifest(out_fd)
+        manifest, owners = _read_manifest(out_fd)
         plan: list[tuple[OutFile, int, str, Path]] = []  # (file, its directory's fd, name, full path)
         result = SetWritten()
         for item in files:
@@ -146,6 +161,8 @@ def write_set(out_dir: Path, files: Sequence[OutFile], *, force: bool = False) -
             dir_fd = opened[tuple(directories)]
             current = _existing(name, dir_fd, where)
             target = where / name
+            if current is not None and (refused := _other_owner(item, owners, target)) is not None:
+                raise refused
             if current is not None and current != item.content:
                 if item.keep:
                     result.kept.append((target, "it exists and may hold filled-in secrets: kept as it is"))
@@ -159,7 +176,12 @@ def write_set(out_dir: Path, files: Sequence[OutFile], *, force: bool = False) -
                         f"{target} {why}: not overwritten; pass --force to replace it, or another --out"
                     )
             plan.append((item, dir_fd, name, target))
-        _write_all(out_fd, plan, manifest | {f.path: sha256(f.content) for f, *_ in plan})
+        for item, *_ in plan:
+            if item.owner is None:
+                owners.pop(item.path, None)
+            else:
+                owners[item.path] = item.owner
+        _write_all(out_fd, plan, manifest | {f.path: sha256(f.content) for f, *_ in plan}, owners)
         result.written = [target for _, _, _, target in plan]
         done = True
         return result
@@ -190,7 +212,7 @@ def _clean_debris(out_fd: int) -> None:
         if not stat.S_ISDIR(info.st_mode):
             continue
         if found.group(1) is not None:
-            if _running(int(found.group(1))):
+            if process_exists(int(found.group(1))):
                 continue
         elif time.time() - info.st_mtime < _OLD_DEBRIS_S:
             continue
@@ -205,7 +227,8 @@ def _clean_debris(out_fd: int) -> None:
             os.rmdir(name, dir_fd=out_fd)
 
 
-def _running(pid: int) -> bool:
+def process_exists(pid: int) -> bool:
+    """Whether a process with this id lives (another user's counts), so its leftovers are not yet debris."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -215,7 +238,12 @@ def _running(pid: int) -> bool:
     return pid != 0
 
 
-def _write_all(out_fd: int, plan: list[tuple[OutFile, int, str, Path]], manifest: dict[str, str]) -> None:
+def _write_all(
+    out_fd: int,
+    plan: list[tuple[OutFile, int, str, Path]],
+    manifest: dict[str, str],
+    owners: dict[str, str],
+) -> None:
     """Every file into a temporary directory in `out_dir` (same file system), fsynced; then each renamed
     into place, the manifest last. Any failure before the renames leaves every target as it was. The
     directory's name carries this process's id: a later render removes it if this one is killed."""
@@ -226,7 +254,8 @@ def _write_all(out_fd: int, plan: list[tuple[OutFile, int, str, Path]], manifest
     staged: list[str] = []
     try:
         manifest_file = OutFile(
-            MANIFEST_NAME, (json.dumps({"files": manifest}, indent=2, sort_keys=True) + "\n").encode()
+            MANIFEST_NAME,
+            (json.dumps({"files": manifest, "owners": owners}, indent=2, sort_keys=True) + "\n").encode(),
         )
         for index, item in enumerate([*(entry[0] for entry in plan), manifest_file]):
             staged_name = str(index)

@@ -65,6 +65,9 @@ FIX_SOURCES: dict[str, tuple[str, ...]] = {
 # What deploykit writes into vLLM's environment (deploykit.plan.build_env, the plugin contract).
 WRITTEN_ENV = ("VLLM_USE_V2_MODEL_RUNNER", "VLLM_COMPUTE_NANS_IN_LOGITS", "VLLM_API_KEY", "VLLM_PLUGINS")
 DIFF_LINES = 60  # per file in the report; the whole diff is `diff -r` of the two cached trees away
+# A release number: ASCII digits only (a Unicode `\d`, like `str.isdigit()`, takes ٣ and ３ too), since it
+# goes into a pip requirement, the pins file and file names.
+RELEASE = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+", re.ASCII)
 
 
 def _key(release: str) -> tuple[int, ...]:
@@ -274,7 +277,10 @@ def report(release: str, cache: Path) -> str:
 
 
 def vllm_tables_releases() -> list[str]:
-    found = (re.match(r"^vllm-(\d+\.\d+\.\d+)\.json$", p.name) for p in vllm_tables.TABLES.iterdir())
+    found = (
+        re.fullmatch(rf"vllm-({RELEASE.pattern})\.json", p.name, re.ASCII)
+        for p in vllm_tables.TABLES.iterdir()
+    )
     return sorted((m.group(1) for m in found if m), key=_key)
 
 
@@ -316,7 +322,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--no-tier", action="store_true", help="skip the tier (the report only)")
     parser.add_argument("--widen", action="store_true", help="also widen TESTED_VLLM and the extras to it")
     args = parser.parse_args(argv)
-    if not re.fullmatch(r"\d+\.\d+\.\d+", args.version):
+    if not RELEASE.fullmatch(args.version):
         raise SystemExit(f"vllm-release: {args.version!r} is not a release like 0.35.0")
     cache = cache_dir()
     sha = fetch_and_pin(args.version, cache)

@@ -6,12 +6,17 @@ grows with every write), so a reader can tell a live canary from a dead one. The
 file deploykit wrote: a symlink, a device, a FIFO, a directory or a file in another format at that path is
 refused (`ForeignVerdictPath`), never replaced — as root, `--verdict-file /dev/null` must not replace the
 host's /dev/null.
+
+One canary writes a verdict file: `hold_verdict_file` takes an advisory lock (flock) on `.NAME.lock` beside
+it for the canary's life, released by the kernel however the process ends (a crash, SIGKILL). A second
+canary on the same file is refused (`VerdictFileHeld`) instead of overwriting the first's verdicts.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import stat
@@ -29,6 +34,48 @@ MAX_VERDICT_BYTES = 64 * 1024
 
 class ForeignVerdictPath(OSError):
     """Something other than a verdict file deploykit wrote is at the path: it is left alone."""
+
+
+class VerdictFileHeld(Exception):
+    """Another canary holds the verdict file (its lock); `holder` is its pid when the lock file says it."""
+
+    def __init__(self, path: str, holder: int | None) -> None:
+        super().__init__(path, holder)
+        self.path, self.holder = path, holder
+
+
+def lock_path(path: str) -> str:
+    """The lock file of the verdict file `path`: `.NAME.lock` beside it (the probes never read it)."""
+    directory, name = os.path.split(os.path.abspath(path))
+    return os.path.join(directory, f".{name}.lock")
+
+
+def hold_verdict_file(path: str) -> int:
+    """Take the verdict file `path` for this process: an exclusive flock on its lock file, held until the
+    returned descriptor is closed or the process ends. Raises VerdictFileHeld when another process holds it;
+    OSError when the lock cannot be taken (ForeignVerdictPath: a link or not a regular file there)."""
+    where = lock_path(path)
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    try:
+        fd = os.open(where, flags, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ForeignVerdictPath(errno.EEXIST, f"{where} is a symbolic link, not a lock file") from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ForeignVerdictPath(errno.EEXIST, f"{where} is not a regular file, not a lock file")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            raise VerdictFileHeld(path, int(text) if text.isascii() and text.isdigit() else None) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)  # who holds it, for the refusal of the next one
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def is_own_verdict(data: bytes) -> bool:

@@ -62,7 +62,7 @@ def _render(
     for warning in result.warnings:
         typer.echo(f"deploykit render: warning: {warning}", err=True)
     try:
-        done = write_files(result, out, force=force)
+        done = write_files(result, out, force=force, owner=loaded.profile.name)
     except RenderError as exc:
         fail(f"render {kind}: {exc}")
     for path in done.written:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from deploykit import exit_codes
-from deploykit.render.pod_probe import DEFAULT_MAX_VERDICT_AGE_S, read_verdict
+from deploykit.render.pod_probe import DEFAULT_MAX_VERDICT_AGE_S, FUTURE_MTIME_TOLERANCE_S, read_verdict
 
 PROG = "deploykit canary keeper"
 
@@ -144,10 +144,17 @@ class Keeper:
         if mtime is None:
             with contextlib.suppress(OSError):
                 mtime = os.stat(self.options.verdict_file, follow_symlinks=False).st_mtime
-        quiet = time.time() - max(child.started_wall, mtime or 0.0)
+        now = time.time()
+        # A verdict dated in the future never ages: not trusted (as if none was written), never fresh.
+        trusted = mtime if mtime is not None and mtime <= now + FUTURE_MTIME_TOLERANCE_S else None
+        quiet = now - max(child.started_wall, trusted or 0.0)
         if quiet > self.options.max_verdict_age_s:
+            dated = ""
+            if mtime is not None and trusted is None:
+                dated = f" (its verdict is dated {mtime - now:.0f} s in the future: not trusted)"
             child.killed_why = (
-                f"wrote no verdict for {quiet:.0f} s (over {self.options.max_verdict_age_s:g}): hung, killed"
+                f"wrote no verdict for {quiet:.0f} s (over {self.options.max_verdict_age_s:g}){dated}: "
+                "hung, killed"
             )
             self._signal_child(signal.SIGKILL)
 

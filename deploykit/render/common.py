@@ -35,6 +35,9 @@ class RenderedFile(BaseModel):
     mode: int = 0o644
     keep: bool = False
     """A file a person fills in (the secrets file): once it exists it is theirs, never overwritten."""
+    shared: bool = False
+    """A file every profile's set holds alike (the root helper): of no one profile's set, so two profiles'
+    sets in one --out may both write it. Every other file is of its profile's alone (`write_files`)."""
 
 
 class RenderResult(BaseModel):
@@ -111,9 +114,12 @@ def plain_env(plan: Plan) -> dict[str, str]:
     return {key: value for key, value in plan.env.items() if key not in plan.secret_env}
 
 
-def write_files(result: RenderResult, out_dir: Path, *, force: bool = False) -> SetWritten:
+def write_files(
+    result: RenderResult, out_dir: Path, *, force: bool = False, owner: str | None = None
+) -> SetWritten:
     """Write the set under `out_dir` through `deploykit.files.write_set`: all files or none, never through
-    a link, a file a person changed kept unless `force`, a filled-in secrets file always kept."""
+    a link, a file a person changed kept unless `force`, a filled-in secrets file always kept. `owner` (the
+    profile's name): a file of another profile's set is never written over, whatever `force` says."""
     if out_dir.exists() and not out_dir.is_dir():
         raise RenderError(f"--out {out_dir}: is a file, not a directory; give a directory to write into")
     files = [
@@ -122,6 +128,7 @@ def write_files(result: RenderResult, out_dir: Path, *, force: bool = False) -> 
             item.content.encode() if isinstance(item.content, str) else item.content,
             item.mode,
             item.keep,
+            None if item.shared else owner,
         )
         for item in result.files
     ]

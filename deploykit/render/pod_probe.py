@@ -16,6 +16,7 @@ fail the probe only when it is fresh: written after this vLLM process started, a
 | no verdict file, or unreadable, malformed, unknown status     | pass | pass  |
 | verdict written before the vLLM container's process started  | pass | pass  |
 | verdict not rewritten for over `--max-verdict-age` seconds    | pass | pass  |
+| verdict dated over 5 s in the future (a clock step, a forgery)| pass | pass  |
 | fresh `corrupt`                                               | fail | fail  |
 | fresh `hung` (requests waited, no token produced)             | fail | fail  |
 | fresh `unreachable`                                           | pass | fail  |
@@ -61,6 +62,12 @@ DEFAULT_MAX_VERDICT_AGE_S = 600.0
 # 1 s early: a verdict written less than that after the computed start may be the previous process's.
 # Ignoring a fresh verdict for a second costs nothing (the canary rewrites it after every run).
 START_SLACK_S = 1.0
+# A verdict's mtime comes from the clock of the kernel that wrote it: on the pod's emptyDir (or a unit's
+# state directory) the very clock `now` is read from, so it is never ahead but for timestamp granularity or
+# a network filesystem's server a little ahead. Further in the future (a clock stepped back, a write that set
+# the time) it never ages, and a verdict that never ages would turn the "hung or gone" check off for good:
+# it is not trusted. Five seconds covers the skew and is all a future mtime can add to `--max-verdict-age`.
+FUTURE_MTIME_TOLERANCE_S = 5.0
 # A verdict is a few hundred bytes; anything much bigger is not one.
 MAX_VERDICT_BYTES = 64 * 1024
 MAX_REASON_CHARS = 400
@@ -114,6 +121,12 @@ def decide(
     if verdict_mtime < process_start + START_SLACK_S:
         return Decision(True, f"vLLM up; the canary's {status} verdict predates this vLLM process: ignored")
     age = now - verdict_mtime
+    if -age > FUTURE_MTIME_TOLERANCE_S:
+        return Decision(
+            True,
+            f"vLLM up; the canary's {status} verdict is dated {-age:.0f} s in the future (a clock stepped "
+            "back, or not the canary's write): not trusted, ignored",
+        )
     if age > max_verdict_age_s:
         return Decision(
             True,

@@ -155,12 +155,23 @@ def test_a_silent_child_is_killed_and_started_again(kept: Callable[..., Kept]) -
     assert keeper.stop() == exit_codes.OK
 
 
+@contextlib.contextmanager
+def sleeping_child() -> Iterator[subprocess.Popen[bytes]]:
+    """A child that would live a minute: the keeper's kill is what ends it (killed here if it did not)."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
 def test_a_child_whose_verdict_is_fresh_is_left_alone(tmp_path: Path) -> None:
     """The hung check reads the verdict's mtime: started long ago, written just now, the child stays."""
     verdict = tmp_path / "verdict.json"
     verdict.write_text("{}")
-    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
-    try:
+    with sleeping_child() as process:
         keeper = Keeper(KeeperOptions(("x",), str(verdict), max_verdict_age_s=600), say=print)
         keeper.child = _Child(process, time.monotonic(), time.time() - 3600)
         keeper._check_stale()
@@ -169,10 +180,24 @@ def test_a_child_whose_verdict_is_fresh_is_left_alone(tmp_path: Path) -> None:
         keeper._check_stale()
         assert "wrote no verdict for 601 s (over 600)" in str(keeper.child.killed_why)
         assert process.wait(timeout=DEADLINE_S) == -signal.SIGKILL
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+
+
+def test_a_verdict_dated_in_the_future_never_turns_the_hung_check_off(tmp_path: Path) -> None:
+    """A future mtime (a clock stepped back, or a write that set it) made the child fresh for ever. Past a
+    few seconds of skew it is not trusted: the child is judged by its own start, hung after max age."""
+    verdict = tmp_path / "verdict.json"
+    verdict.write_text("{}")
+    with sleeping_child() as process:
+        keeper = Keeper(KeeperOptions(("x",), str(verdict), max_verdict_age_s=600), say=print)
+        keeper.child = _Child(process, time.monotonic(), time.time() - 601)
+        os.utime(verdict, (time.time() + 2, time.time() + 2))  # a clock a little ahead: fresh
+        keeper._check_stale()
+        assert keeper.child.killed_why is None and process.poll() is None
+        os.utime(verdict, (time.time() + 3600, time.time() + 3600))
+        keeper._check_stale()
+        assert "in the future" in str(keeper.child.killed_why), keeper.child.killed_why
+        assert "hung, killed" in str(keeper.child.killed_why)
+        assert process.wait(timeout=DEADLINE_S) == -signal.SIGKILL
 
 
 def test_sigterm_reaches_the_child_and_the_keeper_exits_clean(kept: Callable[..., Kept]) -> None:

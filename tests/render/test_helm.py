@@ -667,3 +667,88 @@ def test_nothing_rendered_names_a_package_or_image_we_do_not_own(charts: dict[st
             containers = [c for pod in pods for c in [*pod.get("initContainers", []), *pod["containers"]]]
             assert {c["image"] for c in containers} == {vllm_image(chart)}, name
         assert chart.values["image"]["tag"] == f"v{chart.plan['vllm_version'].split('+')[0]}", name
+
+
+# A line break in a value the chart writes into YAML, then YAML (issue 43): the text after it became a key of
+# the object around it (`optional: true` in a secretKeyRef: vLLM then starts without its key when the Secret
+# is missing). Each override: (values, the object the injected key would land in). `injected` marks the rest.
+INJECTED_VALUES: dict[str, dict[str, Any]] = {
+    "secretEnv": {"secretEnv": {"VLLM_API_KEY": "VLLM_API_KEY\n                  optional: true"}},
+    "smokeTest.secretEnv": {
+        "canary": {"enabled": False},  # (the canary's copies are indented otherwise: one site at a time)
+        "smokeTest": {"secretEnv": {"DEPLOYKIT_API_KEY": "VLLM_API_KEY\n              optional: true"}},
+    },
+    "cache.existingClaim": {"cache": {"existingClaim": "claim\n            injected: true"}},
+    "plugin.index.secretKey": {
+        "plugin": {
+            "source": "index",
+            "index": {"secretName": "idx", "secretKey": "k\n          optional: true"},
+        }
+    },
+    "plugin.path": {"plugin": {"path": "/opt/deploykit\n  - injected"}},
+}
+# Values whose schema pattern already refuses a line break: the templates quote them too, so a chart
+# installed with --skip-schema-validation (helm 3.16 on) is not injected either.
+INJECTED_PAST_THE_SCHEMA: dict[str, dict[str, Any]] = {
+    **INJECTED_VALUES,
+    "priorityClassName": {"priorityClassName": "pc\n      injected: true"},
+    "shm.sizeLimit": {"shm": {"sizeLimit": "1Gi\n            injected: true"}},
+    "podDisruptionBudget": {
+        "podDisruptionBudget": {"enabled": True, "maxUnavailable": "1\n  injected: true"}
+    },
+    "metrics.interval": {
+        "metrics": {"podMonitor": {"enabled": True, "interval": "30s\n      injected: true"}}
+    },
+    "cache.persistence.size": {
+        "cache": {"persistence": {"enabled": True, "size": "1Gi\n      injected: true"}}
+    },
+}
+
+
+def injected_keys(docs: list[dict[str, Any]]) -> list[str]:
+    """Where a key the values smuggled in landed: `injected` anywhere, `optional` in a secretKeyRef, an
+    item `injected` in a list."""
+    found: list[str] = []
+
+    def walk(node: object, where: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "injected" or (key == "optional" and where.endswith("secretKeyRef")):
+                    found.append(f"{where}.{key}")
+                walk(value, f"{where}.{key}")
+        elif isinstance(node, list):
+            found.extend(f"{where}[]" for item in node if item == "injected")
+            for item in node:
+                walk(item, f"{where}[]")
+
+    for doc in docs:
+        walk(doc, str(doc.get("kind")))
+    return found
+
+
+def values_file(folder: Path, values: dict[str, Any]) -> Path:
+    """A `-f` values file holding `values`."""
+    override = folder / "values.yaml"
+    override.write_text(yaml.safe_dump(values))
+    return override
+
+
+@pytest.mark.parametrize("name", INJECTED_VALUES)
+def test_the_schema_refuses_a_line_break_in_a_name_or_key(
+    charts: dict[str, Chart], tmp_path: Path, name: str
+) -> None:
+    """Secret and claim names are DNS-1123 names, Secret keys `[-._a-zA-Z0-9]+`: the schema says so."""
+    override = values_file(tmp_path, INJECTED_VALUES[name])
+    result = run_helm("template", RELEASE, str(charts["hopper"].root), "-f", str(override))
+    assert result.returncode != 0 and "schema" in result.stderr, result.stdout[-3000:]
+
+
+@pytest.mark.parametrize("name", INJECTED_PAST_THE_SCHEMA)
+def test_no_value_injects_yaml_even_past_the_schema(
+    charts: dict[str, Chart], tmp_path: Path, name: str
+) -> None:
+    """The templates quote every string they write: the value stays one scalar, line break and all."""
+    override = values_file(tmp_path, INJECTED_PAST_THE_SCHEMA[name])
+    docs = template(charts["hopper"].root, "-f", str(override), "--skip-schema-validation")
+    assert injected_keys(docs) == []
+    assert injected_keys(charts["hopper"].manifests) == []  # (the finder finds nothing in a clean chart)

@@ -23,6 +23,7 @@ from deploykit.profile.schema import ProfileError
 from deploykit.render.common import RenderError, RenderResult, plan_for_render
 from deploykit.render.helm import kubernetes_literal, render_helm
 from deploykit.render.systemd import SystemdOptions, render_systemd
+from deploykit.render.vllm_release import MODULE as VLLM_RELEASE
 from tests.render.hostile import CONTROL, FIELDS, PAYLOADS, PLANTED_MARK, field_values, hostile_profile
 from tests.render.test_helm import template
 from tests.render.test_systemd import split_command_line, unit_value, verify
@@ -233,4 +234,7 @@ def test_the_unit_writer_refuses_control_characters_even_past_the_loader(
     assert payload in ("newline", "carriage-return", "tab", "planted"), payload
     for unit in UNITS:
         keys = directives(files[unit])
-        assert "ExecStartPre" not in keys and "X-Y" not in keys, unit
+        # The server's one ExecStartPre= is its own vLLM release check (deploykit.render.vllm_release).
+        assert keys["ExecStartPre"] == (unit == UNITS[0]) and "X-Y" not in keys, unit
+        if keys["ExecStartPre"]:
+            assert split_command_line(unit_value(files[unit], "ExecStartPre"))[2:4] == ["-m", VLLM_RELEASE]

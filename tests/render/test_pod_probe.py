@@ -89,6 +89,15 @@ def test_fresh_corrupt_verdict_fails_both(mode: Mode) -> None:
     assert decision.reason == "canary says corrupt (10 s ago): repeat: every generated id is 0"  # one line
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_a_verdict_dated_in_the_future_is_not_fresh_for_ever(mode: Mode) -> None:
+    """A future mtime (a clock stepped back, or a write that set it) never ages: a hung canary's last
+    `corrupt` would fail the probes for as long. Past a few seconds of skew it is not trusted: ignored."""
+    decision = judge(mode, verdict("corrupt"), age_s=-3600)
+    assert decision.passed and "in the future" in decision.reason, decision.reason
+    assert not judge(mode, verdict("corrupt"), age_s=-2).passed  # a clock a little ahead: still fresh
+
+
 @pytest.mark.parametrize(("mode", "passes"), [("live", True), ("ready", False)])
 def test_fresh_unreachable_verdict_fails_ready_only(mode: Mode, passes: bool) -> None:
     decision = judge(mode, verdict("unreachable", "5 runs in a row got no answer"))

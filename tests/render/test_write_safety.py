@@ -157,3 +157,54 @@ def test_render_writes_nothing_outside_out(tmp_path: Path) -> None:
     assert render(SYSTEMD, out).returncode == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     assert os.path.isfile(out / ".deploykit-render.json")
+
+
+def named(directory: Path, base: str, name: str) -> str:
+    """A shipped profile under another name, as a file in `directory`."""
+    profile = directory / f"{name}.yaml"
+    shipped = yaml.safe_load((REPO / "profiles" / f"{base}.yaml").read_text())
+    shipped["name"] = name
+    profile.write_text(yaml.safe_dump(shipped))
+    return str(profile)
+
+
+def test_two_profiles_never_write_one_chart(tmp_path: Path) -> None:
+    """`x.y` and `x_y` are one Kubernetes name (`x-y`): the second render into the same --out is refused in
+    one line naming the profile the chart is of, --force or not, and the first chart stays as it was."""
+    out = tmp_path / "out"
+    first = render(["render", "helm", "-p", named(tmp_path, "gemma4-turing", "x.y"), *HELM[4:]], out)
+    assert first.returncode == 0, first.stderr
+    before = snapshot(out)
+    for extra in ([], ["--force"]):
+        second = render(
+            ["render", "helm", "-p", named(tmp_path, "gemma4-turing", "x_y"), *HELM[4:]], out, *extra
+        )
+        assert second.returncode == 2, second.stderr
+        line = second.stderr.splitlines()[-1]  # (after the plan's warnings)
+        assert line.startswith("deploykit: render helm: ") and str(out / "x-y") in line, line
+        assert "profile 'x.y', not 'x_y'" in line, line
+    assert snapshot(out) == before
+    again = render(["render", "helm", "-p", named(tmp_path, "gemma4-turing", "x.y"), *HELM[4:]], out)
+    assert again.returncode == 0, again.stderr  # the chart's own profile renders over it as before
+
+
+def test_two_profiles_never_write_one_unit(tmp_path: Path) -> None:
+    """Unit names keep the profile's name as it is (`x.y`, `x_y`: two sets side by side); where two names do
+    meet (profile `x`'s smoke unit is profile `x-smoke`'s server unit) the second render is refused."""
+    out = tmp_path / "out"
+    for name in ("x.y", "x_y"):
+        result = render(["render", "systemd", "-p", named(tmp_path, "demo-cpu", name), *SYSTEMD[4:]], out)
+        assert result.returncode == 0, result.stderr
+    for name in ("x.y", "x_y"):
+        assert f"from profile {name}\n" in (out / f"deploykit-{name}.service").read_text()
+    out = tmp_path / "meet"
+    assert (
+        render(["render", "systemd", "-p", named(tmp_path, "demo-cpu", "x"), *SYSTEMD[4:]], out).returncode
+        == 0
+    )
+    before = snapshot(out)
+    second = render(["render", "systemd", "-p", named(tmp_path, "demo-cpu", "x-smoke"), *SYSTEMD[4:]], out)
+    assert second.returncode == 2, second.stderr
+    line = second.stderr.splitlines()[-1]
+    assert str(out / "deploykit-x-smoke.service") in line and "profile 'x'" in line, line
+    assert snapshot(out) == before

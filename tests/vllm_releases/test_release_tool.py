@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -90,3 +91,56 @@ def test_the_report_says_present_changed_with_its_diff_or_gone(
     assert kept == "- `kept`: present, its sources byte-identical"
     assert edited.startswith("- `edited`: **changed**") and "-    return 1\n+    return 2" in edited
     assert removed == "- `removed`: **gone** (vllm/gone.py)"
+
+
+@pytest.mark.parametrize(
+    "version",
+    ["٠.٣٥.٠", "０.３５.０", "0.3５.0", "0.35.0\n", "0.35", "0.35.0; touch X", "v0.35.0"],
+    ids=["arabic-indic", "fullwidth", "one-fullwidth", "newline", "two-parts", "shell", "prefix"],
+)
+def test_the_tool_takes_only_an_ascii_release_number(version: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`str.isdigit()` and a Unicode `\\d` take other scripts' digits (٣, ３): refused before anything is
+    fetched, named in pins or written into a file name."""
+    tool = release_tool()
+
+    def fetched() -> Path:
+        raise AssertionError(f"{version!r} went on to be fetched")
+
+    monkeypatch.setattr(tool, "cache_dir", fetched)
+    with pytest.raises(SystemExit) as ended:
+        tool.main([version])
+    assert "is not a release like 0.35.0" in str(ended.value.code)
+
+
+def make_release(version: str, fake_bin: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """`make vllm-release VERSION=...` of the checkout's Makefile, its Python a stand-in that records its
+    argv (nothing is fetched), the environment stamp taken as made (`-o`: never rebuilt here)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "VERSION")}
+    argv = ["make", "--no-print-directory", "-C", str(REPO), "-o", ".venv/.deploykit-installed"]
+    argv += [f"BIN={fake_bin}", f"VERSION={version}", *extra, "vllm-release"]
+    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
+
+
+def test_make_never_hands_version_to_a_shell(tmp_path: Path) -> None:
+    """VERSION reaches no shell before make itself has seen that it is digits and dots: shell text, make's
+    own `$(shell ...)` and a quote that closes the recipe's are refused in one line, and nothing runs."""
+    fake_bin, planted, recorded = tmp_path / "bin", tmp_path / "planted", tmp_path / "argv"
+    fake_bin.mkdir()
+    (fake_bin / "python").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > "{recorded}"\n')
+    (fake_bin / "python").chmod(0o755)
+    hostile = [
+        f"0.35.0; touch {planted}",
+        f"$(shell touch {planted})",
+        f'0.35.0" ; touch {planted}; echo "',
+        f"`touch {planted}`",
+        "0.35.0 --widen",
+        "٠.٣٥.٠",
+    ]
+    for version in hostile:
+        result = make_release(version, fake_bin)
+        assert result.returncode != 0, (version, result.stdout, result.stderr)
+        assert not planted.exists() and not recorded.exists(), version
+        assert "VERSION must be a release like 0.35.0" in result.stderr, (version, result.stderr)
+    result = make_release("0.35.0", fake_bin, "NO_TIER=1")
+    assert result.returncode == 0, result.stderr
+    assert recorded.read_text().splitlines() == ["tools/vllm_release.py", "0.35.0", "--no-tier"]

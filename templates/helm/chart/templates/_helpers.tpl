@@ -82,7 +82,7 @@ the plugin runs without the fixes (and the exec probes fail). */}}
 {{- define "deploykit.pluginMount" -}}
 {{- if ne .Values.plugin.source "image" -}}
 - name: deploykit-plugin
-  mountPath: {{ .Values.plugin.path }}
+  mountPath: {{ .Values.plugin.path | quote }}
   readOnly: true
 {{- end }}
 {{- end -}}
@@ -98,8 +98,8 @@ the plugin runs without the fixes (and the exec probes fail). */}}
   configMap:
     name: {{ include "deploykit.pluginConfigMap" . }}
     items:
-      - key: {{ .Values.plugin.wheel.file }}
-        path: {{ .Values.plugin.wheel.file }}
+      - key: {{ .Values.plugin.wheel.file | quote }}
+        path: {{ .Values.plugin.wheel.file | quote }}
 {{- else if ne .Values.plugin.source "image" }}
 - name: deploykit-plugin
   emptyDir: {}
@@ -113,7 +113,7 @@ what it needs) into the emptyDir. The index URL, credentials and all, comes from
 {{- if or (eq $source "index") (eq $source "url") -}}
 - name: deploykit-plugin
   image: {{ include "deploykit.vllmImage" . | quote }}
-  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  imagePullPolicy: {{ .Values.image.pullPolicy | quote }}
   {{- if eq $source "index" }}
   command:
     - python3
@@ -144,8 +144,8 @@ what it needs) into the emptyDir. The index URL, credentials and all, comes from
     - name: PIP_INDEX_URL
       valueFrom:
         secretKeyRef:
-          name: {{ .Values.plugin.index.secretName }}
-          key: {{ .Values.plugin.index.secretKey }}
+          name: {{ .Values.plugin.index.secretName | quote }}
+          key: {{ .Values.plugin.index.secretKey | quote }}
     {{- else }}
     - name: DEPLOYKIT_WHEEL_URL
       value: {{ .Values.plugin.url.url | quote }}
@@ -156,7 +156,7 @@ what it needs) into the emptyDir. The index URL, credentials and all, comes from
     {{- toYaml .Values.securityContext | nindent 4 }}
   volumeMounts:
     - name: deploykit-plugin
-      mountPath: {{ .Values.plugin.path }}
+      mountPath: {{ .Values.plugin.path | quote }}
 {{- end }}
 {{- end -}}
 
@@ -237,9 +237,9 @@ Secret; the names travel as environment variables, never through a shell. */}}
 {{- $root := . -}}
 {{- range .Values.model.volumes }}
 {{- if .download }}
-- name: download-{{ .name }}
+- name: {{ printf "download-%s" .name | quote }}
   image: {{ include "deploykit.vllmImage" $root | quote }}
-  imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+  imagePullPolicy: {{ $root.Values.image.pullPolicy | quote }}
   command:
     - python3
     - -c
@@ -264,13 +264,13 @@ Secret; the names travel as environment variables, never through a shell. */}}
     - name: HF_TOKEN
       valueFrom:
         secretKeyRef:
-          name: {{ $root.Values.secretName }}
-          key: {{ get $root.Values.secretEnv "HF_TOKEN" }}
+          name: {{ $root.Values.secretName | quote }}
+          key: {{ get $root.Values.secretEnv "HF_TOKEN" | quote }}
     {{- end }}
   securityContext:
     {{- toYaml $root.Values.securityContext | nindent 4 }}
   volumeMounts:
-    - name: {{ .name }}
+    - name: {{ .name | quote }}
       mountPath: {{ .mountPath | quote }}
       {{- with .subPath }}
       subPath: {{ . | quote }}
