@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from deploykit.paths import SHIPPED_DATA, packaged_data_dir, shipped_data_dir, template_dir
+from tests.unit_prefix import ABSENT_PREFIX
 from tests.vllm_harness import REPO
 
 SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "deploykit", *SHIPPED_DATA)
@@ -95,6 +96,7 @@ def test_a_target_install_lists_the_shipped_profiles(target_install: Path, tmp_p
 
 def test_a_target_install_renders_a_systemd_unit(target_install: Path, tmp_path: Path) -> None:
     args = ["render", "systemd", "--profile", "demo-cpu", "--facts", str(FACTS / "no-gpu.json")]
+    args += ["--prefix", ABSENT_PREFIX]
     result = _installed_deploykit(target_install, *args, "--out", str(tmp_path / "out"), cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     unit = (tmp_path / "out" / "deploykit-demo-cpu.service").read_text()

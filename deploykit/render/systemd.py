@@ -16,7 +16,7 @@ from deploykit import net
 from deploykit.canary import defaults as canary_defaults
 from deploykit.canary.settings import DEFAULTS, CanarySettings, canary_args, shown
 from deploykit.plugin_contract import ENTRY_POINT, ENTRY_POINT_NAME
-from deploykit.render import escape
+from deploykit.render import escape, root_helper
 from deploykit.render.common import (
     RenderedFile,
     RenderError,
@@ -33,6 +33,9 @@ if TYPE_CHECKING:
     from deploykit.profile.schema import LoadedProfile
 
 ENV_DIR = "/etc/deploykit"
+# The canary's root helper: a file of the unit set, installed root-owned outside the prefix (docs/deploy.md).
+ROOT_HELPER_FILE = "deploykit-root-helper.py"
+ROOT_HELPER_PATH = "/usr/local/libexec/deploykit/root-helper.py"
 # Beyond the profile's start-up time: process start, and the gap between health polls.
 START_TIMEOUT_MARGIN_S = 60
 # The canary unit: the canary's default settings (deploykit.canary.settings), its /healthz, /livez and
@@ -193,6 +196,44 @@ def check_prefix_sees_plugin(prefix: Path) -> None:
         )
 
 
+def check_prefix_trusted(prefix: Path) -> None:
+    """When `prefix` exists here, root must be able to trust it as the canary's root helper will (every
+    directory to its interpreter, its site-packages and the deploykit package root's own, none writable by
+    another user: deploykit.render.root_helper), or the first corruption verdict would stop the server."""
+    import subprocess
+
+    if not prefix.exists():
+        return
+    python = prefix / "bin" / "python"
+    argv = [str(python), "-I", "-S", str(Path(root_helper.__file__)), root_helper.CHECK_FLAG]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise RenderError(f"--prefix {prefix}: cannot run {python}: {exc}") from exc
+    if done.returncode != 0:
+        why = (done.stdout.strip() or done.stderr.strip()).splitlines()[-1:] or ["no answer"]
+        raise RenderError(
+            f"--prefix {prefix}: root cannot trust it ({why[0][-300:]}), and the canary's root helper would "
+            "refuse it; install the environment as root, writable by root alone (docs/security.md)"
+        )
+
+
+def root_helper_file() -> RenderedFile:
+    """The root helper, installed root-owned outside the prefix (ROOT_HELPER_PATH): the unit runs it first."""
+    source = Path(root_helper.__file__).read_text(encoding="utf-8")
+    return RenderedFile(path=ROOT_HELPER_FILE, content=source, shared=True)  # every profile's set holds it
+
+
+def release_check(plan: Plan, bin_dir: Path) -> str | None:
+    """ExecStartPre=: the prefix's Python refuses to start vLLM when its installed vLLM is another release
+    than the plan's (deploykit.render.vllm_release); None when the plan names no vLLM version."""
+    from deploykit.render.vllm_release import MODULE
+
+    if not plan.vllm_version:
+        return None
+    return command_line([str(bin_dir / "python"), "-P", "-m", MODULE, "--planned", plan.vllm_version])
+
+
 def render_systemd(plan: Plan, loaded: LoadedProfile, options: SystemdOptions) -> RenderResult:
     from deploykit import __version__
 
@@ -201,6 +242,7 @@ def render_systemd(plan: Plan, loaded: LoadedProfile, options: SystemdOptions) -
         raise RenderError(f"the plan's argv does not start with `vllm serve`: {plan.argv[:2]}")
     check_prefix_sees_plugin(options.prefix)
     check_prefix_visible(options.prefix)
+    check_prefix_trusted(options.prefix)
     unit = unit_name(loaded)
     smoke_unit = f"{unit}-smoke"
     state_dir_name = unit
@@ -244,9 +286,11 @@ def render_systemd(plan: Plan, loaded: LoadedProfile, options: SystemdOptions) -
     canary_argv += ["--keep-running"]
     if "VLLM_API_KEY" in plan.secret_env:
         canary_argv += ["--api-key-env", "VLLM_API_KEY"]
-    # `python -I`: run as root in the state directory (which the service user writes), so nothing there, nor
-    # any PYTHON* variable, may reach sys.path; the ledger is root's own (on_corruption.LEDGER_DIR).
-    on_corruption = [str(bin_dir / "python"), "-I", "-m", "deploykit.render.on_corruption"]
+    # Run as root in the state directory (which the service user writes): `-I` keeps that directory and every
+    # PYTHON* variable off sys.path, `-S` keeps the prefix's site-packages off it until the root helper (a
+    # root-owned file outside the prefix) has found the prefix root's alone; the ledger is root's own
+    # (on_corruption.LEDGER_DIR).
+    on_corruption = [str(bin_dir / "python"), "-I", "-S", ROOT_HELPER_PATH]
     on_corruption += ["--restart", f"{unit}.service"]
     for status in SERVER_RESTART_EXIT_STATUSES:
         on_corruption += ["--exit-status", str(status)]
@@ -269,6 +313,7 @@ def render_systemd(plan: Plan, loaded: LoadedProfile, options: SystemdOptions) -
         "cache_directory": cache_directory,
         "exec_start": command_line([str(bin_dir / "vllm"), *plan.argv[1:]]),
         "wait_health": command_line(wait_health),
+        "release_check": release_check(plan, bin_dir),
         "smoke_exec": command_line(smoke_argv),
         "start_timeout_s": profile.deploy.startup_timeout_s + START_TIMEOUT_MARGIN_S,
         "smoke_timeout_s": smoke_timeout,
@@ -318,6 +363,7 @@ def render_systemd(plan: Plan, loaded: LoadedProfile, options: SystemdOptions) -
             content=jinja.get_template("systemd/sysusers.conf.j2").render(context),
         ),
         RenderedFile(path=f"{profile.name}.yaml", content=loaded.path.read_text()),
+        root_helper_file(),
     ]
     warnings = list(plan.warnings)
     if plan.platform == "cuda" and not plan.facts.gpus:

@@ -17,6 +17,7 @@ from deploykit.results.sql.store import open_store
 from deploykit.serve.helpers import plan_for_store
 from tests.advisories.conftest import FACTS_DIR, PlanFor
 from tests.cli_process import run_deploykit
+from tests.unit_prefix import ABSENT_PREFIX
 
 TP2 = {
     "name": "tp2",
@@ -106,7 +107,18 @@ def test_profiles_list_names_the_advisories(tmp_path: Path) -> None:
 def test_render_writes_the_advisory_into_the_unit_and_the_chart(tp2: Path, tmp_path: Path) -> None:
     unit_dir, chart_dir = tmp_path / "units", tmp_path / "chart"
 
-    systemd = deploykit("render", "systemd", "-p", str(tp2), "--facts", PATCHED, "-o", str(unit_dir))
+    systemd = deploykit(
+        "render",
+        "systemd",
+        "-p",
+        str(tp2),
+        "--facts",
+        PATCHED,
+        "-o",
+        str(unit_dir),
+        "--prefix",
+        ABSENT_PREFIX,
+    )
     helm = deploykit("render", "helm", "-p", str(tp2), "--facts", PATCHED, "-o", str(chart_dir))
 
     assert systemd.returncode == 0, systemd.stderr

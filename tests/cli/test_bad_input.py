@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli_process import run_deploykit
+from tests.unit_prefix import ABSENT_PREFIX
 from tests.vllm_harness import REPO
 
 FACTS = REPO / "tests" / "fixtures" / "facts"
@@ -192,7 +193,10 @@ CASES: list[tuple[str, list[str], int, list[str]]] = [
     ("smoke-not-a-url", ["smoke", "--url", "localhost-8000", "--model", "m"], 2, ["localhost-8000"]),
     (
         "render-out-is-a-file",
-        ["render", "systemd", "-p", "demo-cpu", "--facts", str(FACTS / "no-gpu.json"), "--out", "{a_file}"],
+        [
+            *("render", "systemd", "-p", "demo-cpu", "--facts", str(FACTS / "no-gpu.json")),
+            *("--prefix", ABSENT_PREFIX, "--out", "{a_file}"),
+        ],
         2,
         ["{a_file}"],
     ),

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from deploykit.vllm_args import vllm_importable
+from tests.unit_prefix import ABSENT_PREFIX
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOYKIT = Path(sys.executable).with_name("deploykit")
@@ -42,7 +43,10 @@ def warm_option_table() -> None:
         ["plan", "--profile", "demo-cpu"],
         ["plan", "--profile", "gemma4-turing", "--facts", str(FACTS / "t4.json")],
         ["render", "helm", "--profile", "gemma4-turing", "--facts", str(FACTS / "t4.json"), "--out", "OUT"],
-        ["render", "systemd", "--profile", "demo-cpu", "--facts", str(FACTS / "no-gpu.json"), "--out", "OUT"],
+        [
+            *("render", "systemd", "--profile", "demo-cpu", "--facts", str(FACTS / "no-gpu.json")),
+            *("--out", "OUT", "--prefix", ABSENT_PREFIX),
+        ],
         # `deploykit fixes` imports vLLM to check each fix's target: not in the fast tier.
         pytest.param(["fixes"], marks=pytest.mark.vllm_import),
         pytest.param(["fixes", "--format", "json"], marks=pytest.mark.vllm_import),

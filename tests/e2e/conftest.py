@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import unit_prefix
 from tests.e2e import nspawn_runtime
 from tests.e2e.nspawn_runtime import NspawnMachine
 from tests.e2e.pod_runtime import PodRuntime, host_venv_bin, unavailable_reason
@@ -52,24 +53,30 @@ def pod_base_image(pod_runtime: PodRuntime) -> str:
 @pytest.fixture(scope="session")
 def nspawn_machine(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[NspawnMachine]:
     """The cached Debian root booted with systemd as its PID 1 (systemd-nspawn, --volatile=overlay, its own
-    /tmp, a private network), with this run's venv, its interpreter's prefix, the checkout and a readable
-    copy of the tiny model (`model_cache`: DEPLOYKIT_MODEL_CACHE for rendering) bound read-only at the same
-    paths; skips, with the reason tools/nspawn-root.sh recorded, where
-    nspawn cannot run. Powered off at the end: nothing of it is left running, mounted or written."""
+    /tmp, a private network), with this run's venv, its interpreter's prefix and the checkout bound read-only
+    at fixed places under /opt (nspawn_runtime.CI_ROOT: wherever the checkout lies, the units' sandbox sees
+    them), and a readable copy of the tiny model (`model_cache`: DEPLOYKIT_MODEL_CACHE for rendering) at the
+    same path; skips, with the reason tools/nspawn-root.sh recorded, where nspawn cannot run. Powered off at
+    the end: nothing of it is left running, mounted or written."""
     workdir = tmp_path_factory.mktemp("nspawn", numbered=True)
     reason = nspawn_runtime.unavailable_reason(workdir)
     if reason:
         pytest.skip(reason)
     # A system service's user must read the model: the cached tiny model's weights are root's, mode 0600, so
-    # the container gets a world-readable copy, in the checkout's cache (bound with it; not under /tmp, which
-    # the units' PrivateTmp= hides), removed at the end.
-    share = REPO / ".deploykit-cache" / f"nspawn-share-{os.getpid()}"
+    # the container gets a world-readable copy, beside the render tests' prefixes (never under /root, /home or
+    # /tmp, which the units' sandbox hides, wherever the checkout lies), removed at the end.
+    unit_prefix.ROOT.mkdir(mode=0o755, parents=True, exist_ok=True)
+    share = unit_prefix.ROOT / f"nspawn-share-{os.getpid()}"
     shutil.rmtree(share, ignore_errors=True)
     shutil.copytree(tiny_model_dir, share / "models" / tiny_model_dir.name)
     for path in [share, *share.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)
-    binds = [Path(sys.prefix), Path(sys.base_prefix), REPO, share]
-    machine = NspawnMachine(workdir, binds_ro=binds, model_cache=share / "models")
+    placed = {
+        REPO: nspawn_runtime.CHECKOUT_AT,
+        Path(sys.prefix): nspawn_runtime.VENV_AT,
+        Path(sys.base_prefix): nspawn_runtime.PYTHON_AT,
+    }
+    machine = NspawnMachine(workdir, binds_ro=[share], placed_ro=placed, model_cache=share / "models")
     try:
         machine.boot()
         yield machine

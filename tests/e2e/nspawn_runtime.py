@@ -14,10 +14,11 @@ Debian bookworm root with systemd as a directory; `NspawnMachine` boots it:
   servers). The tests talk to it from inside: `run()` is `nsenter -t LEADER -a ARGV` (curl, python,
   systemctl, journalctl all run in the container's namespaces, with its root).
 - `--register=no --keep-unit`: there is no machined on this kind of host (PID 1 is not systemd).
-- read-only binds at the same paths: the host venv (`sys.prefix`), its interpreter's prefix
-  (`sys.base_prefix`, pyenv under /root; the venv's `python` is a symlink into it), the checkout (the venv
-  is an editable install of it, so `deploykit` is imported from there) and any directory a test names
-  (the tiny model). Paths under another bound path are not bound twice.
+- read-only binds: this run's software at fixed places under `/opt/deploykit-ci` (`CI_ROOT`), whatever the
+  host path: the checkout, its venv (`sys.prefix`) and the venv's interpreter prefix (`sys.base_prefix`,
+  pyenv under /root here; its `libpython` is found through an ld.so.conf entry). So the units' sandbox
+  (`ProtectHome=yes` hides /root and /home, `PrivateTmp=yes` /tmp) sees them wherever the checkout was cloned.
+  Directories a test names (the tiny model) are bound at the same paths; one under another is bound once.
 
 `close()` powers the machine off (`systemctl poweroff` inside), waits for systemd-nspawn to exit, kills its
 process group if it does not, and checks that no mount of the root is left on the host.
@@ -53,6 +54,12 @@ MIN_AVAILABLE_MEMORY_BYTES = 3 << 30
 BOOT_TIMEOUT_S = 120.0
 POWEROFF_TIMEOUT_S = 60.0
 _SYSTEMD_EXES = ("/usr/lib/systemd/systemd", "/lib/systemd/systemd")
+# Where this run's software is bound in the container: visible to every unit's sandbox, owned as on the host.
+CI_ROOT = "/opt/deploykit-ci"
+CHECKOUT_AT = f"{CI_ROOT}/checkout"
+VENV_AT = f"{CI_ROOT}/venv"
+PYTHON_AT = f"{CI_ROOT}/python"
+_SYSTEM_PREFIXES = ("/", "/usr", "/etc", "/var", "/bin", "/lib")
 
 
 class NspawnError(RuntimeError):
@@ -123,7 +130,7 @@ def distinct_binds(paths: Iterable[Path]) -> list[Path]:
     )
     chosen: list[Path] = []
     for path in resolved:
-        if str(path) in ("/", "/usr", "/etc", "/var", "/bin", "/lib"):
+        if str(path) in _SYSTEM_PREFIXES:
             continue  # a system Python's prefix is the container's own /usr
         if not any(path == c or path.is_relative_to(c) for c in chosen):
             chosen.append(path)
@@ -149,6 +156,7 @@ class NspawnMachine:
         *,
         root: Path | None = None,
         binds_ro: Iterable[Path] = (),
+        placed_ro: Mapping[Path, str] | None = None,
         command_timeout: float = 120.0,
         model_cache: Path | None = None,
     ) -> None:
@@ -156,6 +164,12 @@ class NspawnMachine:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.root = root or Path(read_status().get("root", str(ROOT_DIR)))
         self.binds_ro = distinct_binds(binds_ro)
+        # host directory -> its path in the container (a system prefix is the container's own, not bound)
+        self.placed_ro = {
+            Path(os.path.realpath(host)): at
+            for host, at in (placed_ro or {}).items()
+            if str(Path(os.path.realpath(host))) not in _SYSTEM_PREFIXES
+        }
         self.command_timeout = command_timeout
         # where a service user finds the tiny model (DEPLOYKIT_MODEL_CACHE when rendering), when bound
         self.model_cache = model_cache
@@ -169,6 +183,7 @@ class NspawnMachine:
         argv = ["systemd-nspawn", "-q", "-D", str(self.root), "--boot", "--register=no", "--keep-unit"]
         argv += ["--private-network", "--volatile=overlay", "--console=passive"]
         argv += [f"--bind-ro={p}" for p in self.binds_ro]
+        argv += [f"--bind-ro={host}:{at}" for host, at in self.placed_ro.items()]
         return argv
 
     def boot(self, timeout: float = BOOT_TIMEOUT_S) -> None:

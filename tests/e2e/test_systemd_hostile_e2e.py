@@ -7,11 +7,14 @@ tests/e2e/nspawn_runtime.py, one boot per test session).
    description and paths systemd hands the service are the profile's strings exactly. (Control
    characters never reach a unit: the profile loader and the escaping layer refuse them,
    tests/render/test_hostile_profiles.py.)
-2. The canary unit's root helper (`ExecStopPost=+... python -I -m deploykit.render.on_corruption`): a module
-   the service user plants in the canary's working directory is never executed as root, a symlink the
-   service user places where the old ledger lived and a symlink at the root-owned ledger's own path are never
-   followed (the victim files unchanged); the helper, unable to trust that ledger, stops the server (fail
-   closed) instead of restarting it uncounted.
+2. The canary unit's root helper (`ExecStopPost=+PREFIX/bin/python -I -S .../root-helper.py`, then
+   deploykit.render.on_corruption): a module the service user plants in the canary's working directory is
+   never executed as root, a symlink the service user places where the old ledger lived and a symlink at the
+   root-owned ledger's own path are never followed (the victim files unchanged); the helper, unable to trust
+   that ledger, stops the server (fail closed) instead of restarting it uncounted.
+3. (issue 43) A prefix the service user can write is refused before any of its code runs as root: a `.pth`
+   file the service user plants in the prefix's site-packages never runs, and the server is stopped with one
+   journal line instead of restarted.
 
 No vLLM runs here: each server unit's `vllm` is a recorder that writes the argv and environment systemd gave
 it to its state directory and sleeps; the canary's own command is replaced by `exit 3` (its corruption
@@ -35,7 +38,7 @@ from deploykit.profile.load import load_profile
 from deploykit.render.common import RenderError, plan_for_render, write_files
 from deploykit.render.on_corruption import LEDGER_DIR
 from deploykit.render.systemd import SystemdOptions, render_systemd
-from tests.e2e.nspawn_prefix import make_prefix
+from tests.e2e.nspawn_prefix import install_root_helper, make_prefix
 from tests.e2e.nspawn_runtime import NspawnMachine, wait_for
 from tests.render.hostile import PLANTED_MARK, PRINTABLE, field_values, hostile_profile
 from tests.vllm_harness import REPO
@@ -118,6 +121,7 @@ def render_one(machine: NspawnMachine, out: Path, name: str, payload: str, port:
     machine.write_file(
         f"/etc/sysusers.d/{unit}.conf", (directory / "out" / f"{unit}.sysusers.conf").read_text()
     )
+    install_root_helper(machine, directory / "out")
     # Test only: no vLLM here, so no /health to wait for; the canary's verdict is `exit 3` at once.
     machine.write_file(f"/etc/systemd/system/{unit}.service.d/50-test.conf", "[Service]\nExecStartPost=\n")
     machine.write_file(
@@ -173,7 +177,10 @@ def test_hostile_units_load_start_and_carry_the_profiles_strings_exactly(
         assert description.startswith(f"vLLM serving {served}".rstrip("\\ ")), (item.payload, description)
         for unit in (item.unit, item.unit.replace(".service", "-smoke.service")):
             assert machine.unit_property(unit, "LoadState") == "loaded", unit
-            assert machine.unit_property(unit, "ExecStartPre") == "", unit  # nothing planted
+            # nothing planted: the server's one ExecStartPre= is its vLLM release check
+            pre = machine.unit_property(unit, "ExecStartPre")
+            assert (pre == "") is (unit != item.unit) and pre.count("path=") <= 1, (unit, pre)
+            assert pre == "" or "deploykit.render.vllm_release" in pre, (unit, pre)
     assert not machine.host_path(PLANTED_MARK).exists()
     log = machine.journal("-b", "--no-pager", "-o", "cat")
     assert "Unknown key" not in log and "Ignoring" not in log.replace("Ignoring unknown", ""), log[-3000:]
@@ -205,15 +212,8 @@ def test_the_root_helper_runs_no_planted_module_and_follows_no_link(
     machine.run(["mkdir", "-p", "-m", "0700", LEDGER_DIR])
     machine.run(["ln", "-sf", victim, f"{LEDGER_DIR}/{item.unit}"])
 
-    machine.systemctl("start", item.unit.replace(".service", "-canary.service"), check=False)
     canary = item.unit.replace(".service", "-canary.service")
-    wait_for(lambda: machine.unit_property(canary, "ExecMainStatus") == "3", "the canary's exit 3", 60)
-    wait_for(
-        lambda: machine.unit_property(item.unit, "ActiveState") == "inactive",
-        f"{item.unit} stopped by the helper",
-        120,
-    )
-    assert machine.unit_property(item.unit, "InvocationID") == first  # stopped, never restarted
+    stopped_by_the_helper(machine, item.unit, first)
     assert not machine.host_path("/run/dk-planted-ran").exists(), "the planted module ran as root"
     assert machine.host_path(victim).read_text() == "precious\n"
     assert machine.host_path(f"{LEDGER_DIR}/{item.unit}").is_symlink()
@@ -234,6 +234,55 @@ def test_the_root_helper_runs_no_planted_module_and_follows_no_link(
     ledger = machine.host_path(f"{LEDGER_DIR}/{item.unit}")
     assert not ledger.is_symlink() and len(ledger.read_text().split()) == 1
     assert oct(machine.host_path(LEDGER_DIR).stat().st_mode & 0o777) == oct(0o700)
+
+
+def stopped_by_the_helper(machine: NspawnMachine, unit: str, invocation: str) -> None:
+    """Start the unit's canary (whose verdict restarts the server) and wait for the helper to stop the server
+    instead: the canary exits 3, the server goes inactive and is never started again."""
+    canary = unit.replace(".service", "-canary.service")
+    machine.systemctl("start", canary, check=False)
+    wait_for(lambda: machine.unit_property(canary, "ExecMainStatus") == "3", "the canary's exit 3", 60)
+    wait_for(
+        lambda: machine.unit_property(unit, "ActiveState") == "inactive", f"{unit} stopped by the helper", 120
+    )
+    assert machine.unit_property(unit, "InvocationID") == invocation  # stopped, never restarted
+
+
+PLANTED_PTH = "import os; open('/run/dk-pth-ran', 'w').write(str(os.geteuid()))\n"
+
+
+def test_the_root_helper_refuses_a_prefix_the_service_user_can_write(
+    nspawn_machine: NspawnMachine, hostile: list[Rendered]
+) -> None:
+    """A prefix whose site-packages the service user owns: the `.pth` file it plants there (code Python runs
+    at start-up) never runs as root; the helper refuses the prefix in one journal line and stops the server
+    (fail closed) instead of restarting it."""
+    machine = nspawn_machine
+    item = hostile[1]  # not the ledger test's unit
+    deploy = item.values["deploy"]
+    assert isinstance(deploy, dict)
+    user = str(deploy["user"])
+    site = f"{PREFIX}/lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
+    canary = item.unit.replace(".service", "-canary.service")
+    machine.run(["chown", user, site])
+    try:
+        machine.run(
+            ["runuser", "-u", user, "--", "sh", "-c", f"cat > {site}/zz-planted.pth"], input=PLANTED_PTH
+        )
+        machine.systemctl("start", item.unit)
+        first = machine.unit_property(item.unit, "InvocationID")
+        stopped_by_the_helper(machine, item.unit, first)
+        assert not machine.host_path("/run/dk-pth-ran").exists(), "the planted .pth ran as root"
+        refused = [
+            line
+            for line in machine.journal("-u", canary, "-o", "cat").splitlines()
+            if line.startswith("root helper: refused")
+        ]
+        assert len(refused) == 1, machine.journal("-u", canary, "-o", "cat")[-3000:]
+        assert f"{site} is owned by uid" in refused[0] and f"{item.unit} is stopped" in refused[0], refused
+    finally:
+        machine.run(["rm", "-f", f"{site}/zz-planted.pth", "/run/dk-pth-ran"])
+        machine.run(["chown", "root", site])
 
 
 KEY = "sk-live-0123456789abcdefXYZ"
@@ -268,11 +317,6 @@ def test_a_bad_api_key_never_reaches_the_journal_or_the_store(
         machine.write_file(f"/etc/systemd/system/{unit}{suffix}.service", text)
     machine.write_file(f"/etc/deploykit/{name}.yaml", profile.read_text())
     machine.write_file(f"/etc/deploykit/{name}.env", line, mode=0o600)
-    if Path(sys.base_prefix).is_relative_to("/root"):  # this CI's Python lives under /root (pyenv)
-        machine.write_file(
-            f"/etc/systemd/system/{unit}-smoke.service.d/50-test-python-under-root.conf",
-            "[Service]\nProtectHome=read-only\n",
-        )
     machine.run(["systemd-sysusers"])
     machine.systemctl("daemon-reload")
     machine.systemctl("start", item.unit)

@@ -19,13 +19,11 @@ two at the start, one on the hang's restart, one on the corruption restart):
 4. a restart storm: with the cap's earlier restarts already in the ledger, the next corruption verdict
    stops the server and leaves it stopped (journal line, row, no job queued).
 
-What the test changes, all visible here: the secrets file gets values; and one drop-in per unit,
-`ProtectHome=read-only` instead of `yes`, only because this CI's Python lives under /root (pyenv), which
-`ProtectHome=yes` hides: a production prefix lives outside /root and /home. (Home directories stay
-unwritable; they are visible, read-only, in this run.)
-Everything else is the rendered files, installed with the docs' commands. The container has a private
-network: every request is made from inside it (curl, python), to its own loopback. Every wait polls for a
-state with a bound; none sleeps a fixed time.
+What the test changes, all visible here: the secrets file gets values. Everything else is the rendered
+files, installed with the docs' commands, with their own sandbox: the prefix's software is bound under /opt
+(tests/e2e/nspawn_prefix.py), so no unit needs /root, /home or /tmp wherever the checkout lies. The
+container has a private network: every request is made from inside it (curl, python), to its own loopback.
+Every wait polls for a state with a bound; none sleeps a fixed time.
 """
 
 from __future__ import annotations
@@ -48,10 +46,10 @@ from deploykit.canary.settings import DEFAULTS as CANARY_DEFAULTS
 from deploykit.render.on_corruption import LEDGER_DIR, STAGE_RESTART, STAGE_STOPPED
 from deploykit.render.systemd import CORRUPTION_MAX_RESTARTS
 from tests.e2e.fault_worker import FAULT_KEY, TOKENS_ENV, WORKER_CLS
-from tests.e2e.nspawn_prefix import make_prefix
-from tests.e2e.nspawn_runtime import NspawnMachine, wait_for
+from tests.e2e.nspawn_prefix import install_root_helper, make_prefix
+from tests.e2e.nspawn_runtime import CHECKOUT_AT, NspawnMachine, wait_for
 from tests.profile_variants import profile_variant
-from tests.vllm_harness import REPO, STARTUP_TIMEOUT_S
+from tests.vllm_harness import STARTUP_TIMEOUT_S
 
 pytestmark = pytest.mark.e2e
 
@@ -191,8 +189,8 @@ def render_and_install(machine: NspawnMachine, out: Path, name: str, port: int) 
             "serve.port": port,
             "serve.api_key_env": "DK_TEST_API_KEY",
             "serve.extra_args": ["--worker-cls", WORKER_CLS],
-            # the fault worker is imported from the checkout (bound read-only at the same path)
-            "env.PYTHONPATH": str(REPO),
+            # the fault worker is imported from the checkout (bound read-only under /opt)
+            "env.PYTHONPATH": CHECKOUT_AT,
             "env.DEPLOYKIT_MODEL_CACHE": str(model_cache),
             f"env.{TOKENS_ENV}": {"secret": TOKENS_ENV},
         },
@@ -233,23 +231,7 @@ def render_and_install(machine: NspawnMachine, out: Path, name: str, port: int) 
     machine.write_file(f"/etc/deploykit/{name}.env", filled, mode=0o600)
     machine.write_file(f"/etc/sysusers.d/{unit}.conf", (rendered / f"{unit}.sysusers.conf").read_text())
     machine.run(["systemd-sysusers"])
-    prefix = Path(sys.base_prefix)
-    if any(prefix.is_relative_to(home) for home in (Path("/root"), Path("/home"))):
-        for suffix in ("", "-smoke", "-canary"):
-            machine.write_file(
-                f"/etc/systemd/system/{unit}{suffix}.service.d/50-test-python-under-root.conf",
-                "# Test only: this CI's Python prefix lives under /root, which ProtectHome=yes hides.\n"
-                "[Service]\nProtectHome=read-only\n",
-            )
-    checkout = REPO.resolve()
-    if any(checkout.is_relative_to(tmp) for tmp in (Path("/tmp"), Path("/var/tmp"))):
-        for suffix in ("", "-smoke", "-canary"):
-            machine.write_file(
-                f"/etc/systemd/system/{unit}{suffix}.service.d/51-test-checkout-under-tmp.conf",
-                "# Test only: this checkout (its venv, the model copy) lives under a temporary directory,\n"
-                "# which PrivateTmp=yes replaces; bind it back, read-only. /tmp stays private otherwise.\n"
-                f"[Service]\nBindReadOnlyPaths={checkout}\n",
-            )
+    install_root_helper(machine, rendered)
     machine.write_file(f"/run/dk-test/{name}.headers", f"Authorization: Bearer {api_key}\n", mode=0o600)
     return Deployment(machine, name, port, port + 1400, api_key)
 
@@ -385,7 +367,7 @@ def test_hardening_holds_in_the_real_run(deployments: tuple[Deployment, Deployme
         "/opt",
         "/root",
         "/var/log",
-        str(REPO),
+        CHECKOUT_AT,
     ):
         assert not can_write(f"{path}/.dk-write-probe"), path
     # /tmp is writable but its own (PrivateTmp=yes): a file there is not in the container's /tmp

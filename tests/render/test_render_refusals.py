@@ -12,6 +12,7 @@ import pytest
 
 from tests.cli_process import run_deploykit
 from tests.profile_variants import PROFILES, profile_variant
+from tests.unit_prefix import ABSENT_PREFIX
 from tests.vllm_harness import REPO
 
 FACTS = REPO / "tests" / "fixtures" / "facts"
@@ -19,7 +20,7 @@ FACTS = REPO / "tests" / "fixtures" / "facts"
 
 def render(kind: str, profile: Path, facts: str, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     args = ["render", kind, "--profile", str(profile), "--facts", str(FACTS / facts), "--out", str(out)]
-    args += extra
+    args += [*extra, *(["--prefix", ABSENT_PREFIX] if kind == "systemd" else [])]
     return run_deploykit(args, timeout=180, cwd=REPO)
 
 

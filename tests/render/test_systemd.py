@@ -16,6 +16,7 @@ import pytest
 
 from deploykit.render.systemd import quote_word
 from tests.render.conftest import deploykit, planned
+from tests.unit_prefix import unit_prefix
 
 # Exposure thresholds (systemd-analyze security, 0 = locked down, 10 = unprotected); docs/deploy.md
 # justifies them: the rendered score plus 0.1, so dropping most single hardening lines already fails.
@@ -31,9 +32,6 @@ SERVER_HARDENING = [
     "SystemCallFilter=@system-service", "SystemCallFilter=~@privileged", "SystemCallErrorNumber=EPERM",
     "UMask=0077", "DevicePolicy=closed",
 ]  # fmt: skip
-PREFIX = Path(
-    sys.prefix
-)  # this .venv: bin/vllm, bin/deploykit and bin/python exist, so verify can check them
 
 
 def systemd_analyze() -> str:
@@ -149,7 +147,7 @@ def render(profile: Path | str, facts: Path, out: Path, *extra: str) -> dict[str
         "--out",
         str(out),
         "--prefix",
-        str(PREFIX),
+        str(unit_prefix()),
         *extra,
     )
     return {p.name: p.read_text() for p in out.iterdir()}
@@ -212,7 +210,7 @@ def test_exposure_check_fails_without_the_hardening_lines(
 def test_exec_start_is_the_planned_argv(turing_render: tuple[Path, dict[str, Any]]) -> None:
     out, plan = turing_render
     argv = split_command_line(unit_value((out / "deploykit-gemma4-turing.service").read_text(), "ExecStart"))
-    assert argv[0] == str(PREFIX / "bin" / "vllm")
+    assert argv[0] == str(unit_prefix() / "bin" / "vllm")
     assert argv[1:] == plan["argv"][1:]
     assert plan["argv"][0] == "vllm" and "--tensor-parallel-size" in argv
 
@@ -267,7 +265,7 @@ def test_smoke_companion_runs_after_the_server_with_the_profile(
     assert "deploykit-gemma4-turing-smoke.service" in unit_value(server, "Wants")
     argv = split_command_line(unit_value(smoke, "ExecStart"))
     assert argv == [
-        str(PREFIX / "bin" / "deploykit"),
+        str(unit_prefix() / "bin" / "deploykit"),
         "smoke",
         "--url",
         "http://127.0.0.1:8000",
@@ -353,7 +351,7 @@ def test_a_planted_secret_never_reaches_a_rendered_file(turing_facts: Path, tmp_
             "--out",
             str(tmp_path),
             "--prefix",
-            str(PREFIX),
+            str(unit_prefix()),
         ],
         capture_output=True,
         text=True,

@@ -12,7 +12,6 @@ from deploykit.render.on_corruption import LEDGER_DIR, STAGE_RESTART, STAGE_STOP
 from deploykit.render.on_corruption import main as on_corruption
 from tests.profile_variants import profile_variant
 from tests.render.test_systemd import (
-    PREFIX,
     SMOKE_EXPOSURE_MAX,
     exposure,
     render,
@@ -21,6 +20,7 @@ from tests.render.test_systemd import (
     unit_value,
     verify,
 )
+from tests.unit_prefix import unit_prefix
 
 __all__ = ["turing_render"]  # the fixture, shared with test_systemd.py
 
@@ -57,7 +57,7 @@ def test_canary_runs_deploykit_canary_with_exit_on_corruption(
 ) -> None:
     text = canary_text(turing_render)
     argv = split_command_line(unit_value(text, "ExecStart"))
-    assert argv[:2] == [str(PREFIX / "bin" / "deploykit"), "canary"]
+    assert argv[:2] == [str(unit_prefix() / "bin" / "deploykit"), "canary"]
     assert "--exit-on-corruption" in argv and argv[argv.index("--listen") + 1] == "127.0.0.1:9400"
     assert "--keep-running" in argv  # a refused key or name is `misconfigured`, never an exit (issue 34)
     assert argv[argv.index("--profile") + 1] == "/etc/deploykit/gemma4-turing.yaml"
@@ -89,8 +89,9 @@ def test_only_exit_3_restarts_the_server(turing_render: tuple[Path, dict[str, An
     assert post.startswith("+")
     argv = split_command_line(post[1:])
     assert argv[1:] == [
-        # -I: root runs it in the service user's state directory, which must never reach sys.path
-        *("-I", "-m", "deploykit.render.on_corruption", "--restart", f"{UNIT}.service"),
+        # -I: root runs it in the service user's state directory, which must never reach sys.path; -S: the
+        # prefix's site-packages only once the root-owned helper outside it has found the prefix root's alone
+        *("-I", "-S", "/usr/local/libexec/deploykit/root-helper.py", "--restart", f"{UNIT}.service"),
         *("--exit-status", "3", "--exit-status", "5"),  # corruption, a hung engine (issue 31)
         *("--ledger-dir", LEDGER_DIR, "--state-dir", f"/var/lib/{UNIT}"),
         *("--max-restarts", "3", "--window-s", "3600"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.cli_process import run_python
+from tests.unit_prefix import ABSENT_PREFIX
 
 
 def test_rendering_never_imports_torch_or_vllm(tmp_path: Path) -> None:
@@ -14,6 +15,7 @@ from tests.cli_runner import CliRunner
 from deploykit.cli import app
 for kind in ("systemd", "helm"):
     args = ["render", kind, "-p", "demo-cpu", "--out", r"{tmp_path}/" + kind]
+    args += ["--prefix", {ABSENT_PREFIX!r}] if kind == "systemd" else []
     result = CliRunner().invoke(app, args)
     assert result.exit_code in (0, 2), result.output
 heavy = sorted(m for m in ("torch", "vllm", "transformers") if m in sys.modules)
