@@ -4,10 +4,10 @@ The plan's owned-flag check, the advisories' serving facts (KV-cache dtype, atte
 quantization, CUDA graph mode are never declared a second time: they are read from the argv the plan
 builds), serve's host and port and trace's eager launch all read or change an argv here, so a spelling one
 of them understands is one all of them understand. The forms are the ones vLLM's FlexibleArgumentParser
-accepts: `--flag value`, `--flag=value`, underscores for dashes, the short aliases (`-tp`, `-q`, `-cc`,
-`-sc`), `--no-flag` for booleans, abbreviations (argparse's allow_abbrev, on in vLLM), and for JSON options
-(`--compilation-config`) a JSON value or dotted keys (`--compilation-config.cudagraph_mode=PIECEWISE`);
-the last setting wins, as in argparse.
+accepts: `--flag value`, `--flag=value`, underscores for dashes, the short aliases (`-tp`, `-pp`, `-dp`,
+`-n`, `-q`, `-cc`, `-sc`, ...), `--no-flag` for booleans, abbreviations (argparse's allow_abbrev, on in
+vLLM), and for JSON options (`--compilation-config`) a JSON value or dotted keys
+(`--compilation-config.cudagraph_mode=PIECEWISE`); the last setting wins, as in argparse.
 """
 
 from __future__ import annotations
@@ -19,6 +19,14 @@ from typing import Any
 # The short aliases of the options deploykit reads or owns (vllm/engine/arg_utils.py, in every shipped table).
 SHORT_ALIASES = {
     "-tp": "--tensor-parallel-size",
+    "-pp": "--pipeline-parallel-size",
+    "-pcp": "--prefill-context-parallel-size",
+    "-dp": "--data-parallel-size",
+    "-dpl": "--data-parallel-size-local",
+    "-dpn": "--data-parallel-rank",
+    "-dpe": "--data-parallel-external-lb",
+    "-n": "--nnodes",
+    "-r": "--node-rank",
     "-q": "--quantization",
     "-cc": "--compilation-config",
     "-sc": "--speculative-config",

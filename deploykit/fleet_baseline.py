@@ -67,11 +67,12 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def device_part(facts: Mapping[str, Any] | None, platform_name: str, tensor_parallel_size: int) -> str:
-    """The GPU product and compute capability of the GPUs a deployment uses (`cpu: MODEL` on CPU)."""
+def device_part(facts: Mapping[str, Any] | None, platform_name: str, gpus_used: int) -> str:
+    """The GPU product and compute capability of the GPUs a deployment uses (`cpu: MODEL` on CPU);
+    `gpus_used`: the plan's layout's GPUs on the node."""
     if platform_name == "cpu":
         return f"cpu: {cpu_name()} ({platform.machine()})"
-    gpus = list((facts or {}).get("gpus") or [])[: max(1, tensor_parallel_size)]
+    gpus = list((facts or {}).get("gpus") or [])[: max(1, gpus_used)]
     names = sorted({f"{g.get('name')} sm{g.get('compute_capability')}" for g in gpus})
     return ", ".join(names) or "unknown GPU"
 
@@ -107,9 +108,7 @@ def key_parts_for_plan(
         "weights": model_identity(plan.model_path, revision),
         "dtype": dtype,
         "vllm": plan.vllm_version or plan.facts.vllm_version,
-        "device": device_part(
-            plan.facts.model_dump(mode="json"), plan.platform, profile.serve.tensor_parallel_size
-        ),
+        "device": device_part(plan.facts.model_dump(mode="json"), plan.platform, plan.layout.gpu_request),
         "tensor_parallel_size": profile.serve.tensor_parallel_size,
         "fixes": fixes,
         "probe_set": PROBE_SET_VERSION,

@@ -116,9 +116,10 @@ def deployment_facts(
     model_runner: str,
 ) -> DeploymentFacts:
     """The facts of one planned deployment; serving features come from its argv and env, the compute dtype
-    from the plan's one resolution of it (deploykit.advisories.compute_dtype)."""
+    from the plan's one resolution of it (deploykit.advisories.compute_dtype). `gpu_count`: the GPUs of one
+    node the deployment uses, the plan's parallel layout's count (deploykit.plan.layout, never recounted)."""
     tensor_parallel = int(argv_reader.flag_value(argv, "--tensor-parallel-size") or 1)
-    used = facts.gpus[: max(gpu_count, tensor_parallel, 1)]
+    used = facts.gpus[: max(gpu_count, 1)]
     eager = bool(argv_reader.flag_switch(argv, "--enforce-eager"))
     compilation = argv_reader.json_option(argv, "--compilation-config")
     backend = (

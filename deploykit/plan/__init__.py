@@ -1,9 +1,10 @@
 """From a profile and GPU facts: which fixes, why, and the exact `vllm serve` launch (argv + env).
 
 `make_plan` is the whole decision; its parts are modules of their own: what a plan is (model.py), what it
-decides from (inputs.py), the profile's GPU requirements (requirements.py), the launch it writes and the
-flags the profile owns (launch.py), what it warns of or refuses (findings.py), and the argv checked by the
-target vLLM's parser (validate.py). What other packages use is named here.
+decides from (inputs.py), the GPUs its ranks use (layout.py), the profile's GPU requirements
+(requirements.py), the launch it writes and the flags the profile owns (launch.py), what it warns of or
+refuses (findings.py), and the argv checked by the target vLLM's parser (validate.py). What other packages
+use is named here.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ from deploykit.plan.launch import NAN_COUNTER_ENV as NAN_COUNTER_ENV
 from deploykit.plan.launch import build_argv, build_env, extra_arg_conflicts, usage_stats_conflicts
 from deploykit.plan.launch import hub_sources as hub_sources
 from deploykit.plan.launch import owned_flags as owned_flags
+from deploykit.plan.layout import ParallelLayout as ParallelLayout
+from deploykit.plan.layout import fit_problem, parallel_layout
+from deploykit.plan.layout import multi_node_refusal as multi_node_refusal
 from deploykit.plan.model import Plan, ProfileRef
 from deploykit.plan.requirements import check_requirements
 from deploykit.plan.validate import validate_plan as validate_plan
@@ -42,6 +46,7 @@ from deploykit.vllm_compat import is_cpu_build, runner_choice_problem
 __all__ = [
     "FIX_NAMES",
     "NAN_COUNTER_ENV",
+    "ParallelLayout",
     "Plan",
     "build_env",
     "checkpoint_facts",
@@ -49,6 +54,7 @@ __all__ = [
     "host_vllm_warning",
     "hub_sources",
     "make_plan",
+    "multi_node_refusal",
     "owned_flags",
     "resolve_model_path",
     "target_vllm_version",
@@ -75,10 +81,13 @@ def make_plan(
 ) -> Plan:
     profile = loaded.profile
     model_path = resolve_model_path(profile)
-    inputs = decision_inputs(profile, facts, model_path)
+    layout, layout_errors = parallel_layout(profile)
+    inputs = decision_inputs(profile, facts, model_path, layout)
     decisions = decide_fixes(profile, inputs, overrides or {})
     enabled = [d.name for d in decisions if d.decision is Decision.ENABLED]
-    errors = extra_arg_conflicts(profile) + usage_stats_conflicts(profile)
+    errors = extra_arg_conflicts(profile) + layout_errors + usage_stats_conflicts(profile)
+    if misfit := fit_problem(layout, facts, inputs.platform):
+        errors.append(misfit)
     mismatch = target_mismatch(profile, facts, inputs)
     if mismatch:
         errors.insert(0, mismatch)
@@ -108,7 +117,7 @@ def make_plan(
                 errors.append(f"fix {decision.name} is forced on but cannot apply: {decision.reason}")
             else:
                 warnings.append(f"fix {decision.name}: {decision.reason}")
-    requires = check_requirements(profile, facts)
+    requires = check_requirements(profile, facts, layout)
     if requires.status == "incompatible":
         warnings.extend(f"requires: {p}" for p in requires.problems)
     if requires.status == "unchecked":
@@ -126,11 +135,12 @@ def make_plan(
     env, secrets = build_env(profile, enabled, inputs.vllm_version, model_path)
     warnings += removed_env_warnings(env, inputs.vllm_version)
     argv = build_argv(profile, model_path, enabled, inputs)
-    advice = plan_advice(profile, facts, inputs, (argv, env), decisions, runner)
+    advice = plan_advice(profile, facts, inputs, (argv, env), decisions, runner, layout)
     plan = Plan(
         profile=ProfileRef(name=profile.name, id=loaded.id, path=str(loaded.path)),
         facts=facts,
         requires=requires,
+        layout=layout,
         fixes=decisions,
         argv=advice.argv,
         env=advice.env,
@@ -165,6 +175,7 @@ def plan_advice(
     launch: tuple[list[str], dict[str, str]],
     decisions: list[FixDecision],
     runner: str,
+    layout: ParallelLayout,
 ) -> Advice:
     """The advisories (deploykit.advisories) judged on this launch's argv and env, and acted on."""
     argv, env = launch
@@ -181,7 +192,7 @@ def plan_advice(
         env=env,
         vllm_version=inputs.vllm_version,
         platform=inputs.platform,
-        gpu_count=profile.requires.gpu_count,
+        gpu_count=layout.gpu_request,
         architectures=inputs.model_architectures,
         checkpoint_dtype=inputs.checkpoint_dtype,
         compute=ComputeDtype(

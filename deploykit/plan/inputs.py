@@ -12,6 +12,7 @@ from deploykit.advisories import (
     resolve_compute_dtype,
 )
 from deploykit.fixes.base import DecisionInputs
+from deploykit.plan.layout import ParallelLayout
 from deploykit.probe.facts import ProbeFacts
 from deploykit.profile.schema import BUILTIN_PREFIX, Profile
 from deploykit.vllm_compat import (
@@ -69,10 +70,16 @@ def target_vllm_version(profile: Profile, facts: ProbeFacts) -> str | None:
 
 
 def compute_dtype(
-    profile: Profile, facts: ProbeFacts, model_path: str, checkpoint_dtype: str | None, platform: str
+    profile: Profile,
+    facts: ProbeFacts,
+    model_path: str,
+    checkpoint_dtype: str | None,
+    platform: str,
+    layout: ParallelLayout,
 ) -> ComputeDtype:
     """The dtype the planned engine computes in (deploykit.advisories.compute_dtype): `serve.dtype`, else
-    vLLM's `auto` on these GPUs, checked against the quantization method (extra_args, else config.json)."""
+    vLLM's `auto` on the GPUs the layout uses, checked against the quantization method (extra_args, else
+    config.json)."""
     config = read_local_config(model_path)
     if profile.model.checkpoint_dtype:
         source = "model.checkpoint_dtype"
@@ -81,7 +88,7 @@ def compute_dtype(
     else:
         source = "no model.checkpoint_dtype and no local config.json"
     model_type = config.get("model_type")
-    used = facts.gpus[: max(profile.requires.gpu_count, profile.serve.tensor_parallel_size, 1)]
+    used = facts.gpus[: layout.gpu_request]
     return resolve_compute_dtype(
         requested=profile.serve.dtype,
         checkpoint_dtype=checkpoint_dtype,
@@ -93,11 +100,13 @@ def compute_dtype(
     )
 
 
-def decision_inputs(profile: Profile, facts: ProbeFacts, model_path: str) -> DecisionInputs:
+def decision_inputs(
+    profile: Profile, facts: ProbeFacts, model_path: str, layout: ParallelLayout
+) -> DecisionInputs:
     dtype, architectures = checkpoint_facts(profile, model_path)
     version = target_vllm_version(profile, facts)
     platform = "cpu" if profile.platform == "cpu" or is_cpu_build(version) else "cuda"
-    compute = compute_dtype(profile, facts, model_path, dtype, platform)
+    compute = compute_dtype(profile, facts, model_path, dtype, platform, layout)
     return DecisionInputs(
         gpus=facts.gpus,
         vllm_version=version,

@@ -7,6 +7,7 @@ from __future__ import annotations
 from deploykit import argv as argv_reader
 from deploykit.fixes import FIX_NAMES, load_fix
 from deploykit.fixes.base import DecisionInputs
+from deploykit.plan.layout import parallel_flags
 from deploykit.plugin_contract import FIXES_ENV as FIXES_ENV_VAR
 from deploykit.profile.schema import BUILTIN_PREFIX, Profile, SecretRef
 from deploykit.vllm_compat import (
@@ -58,11 +59,10 @@ def build_argv(profile: Profile, model_path: str, enabled: list[str], inputs: De
         ("--kv-cache-memory-bytes", serve.kv_cache_memory_bytes),
         ("--generation-config", serve.generation_config),
     ]
-    if serve.tensor_parallel_size != 1:
-        optional.append(("--tensor-parallel-size", serve.tensor_parallel_size))
     for flag, value in optional:
         if value is not None:
             argv += [flag, str(value)]
+    argv += parallel_flags(profile)
     if serve.enforce_eager:
         argv.append("--enforce-eager")
     if serve.lora.enabled:

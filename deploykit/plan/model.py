@@ -13,6 +13,7 @@ from deploykit.advisories import (
     Verdict,
 )
 from deploykit.fixes.base import Decision, FixDecision
+from deploykit.plan.layout import ParallelLayout
 from deploykit.plan.requirements import RequirementsCheck
 from deploykit.probe.facts import ProbeFacts
 
@@ -36,6 +37,9 @@ class Plan(BaseModel):
     profile: ProfileRef
     facts: ProbeFacts
     requires: RequirementsCheck
+    layout: ParallelLayout = Field(
+        description="ranks, nodes and the GPUs each node gives the group (render and serve read it here)"
+    )
     fixes: list[FixDecision]
     argv: list[str]
     env: dict[str, str]

@@ -1,4 +1,6 @@
-"""The profile's `requires:` against the GPU facts: compatible, incompatible (with why), or unchecked."""
+"""The profile's `requires:` against the GPU facts: compatible, incompatible (with why), or unchecked. The
+GPUs checked are those the parallel layout uses (deploykit.plan.layout); a layout the node cannot hold is the
+plan's error (layout.fit_problem), not a requirement."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from deploykit.plan.layout import ParallelLayout
 from deploykit.probe.facts import GpuFacts, ProbeFacts
 from deploykit.profile.schema import Profile
 
@@ -16,7 +19,7 @@ class RequirementsCheck(BaseModel):
     notes: list[str] = Field(default_factory=list)
 
 
-def check_requirements(profile: Profile, facts: ProbeFacts) -> RequirementsCheck:
+def check_requirements(profile: Profile, facts: ProbeFacts, layout: ParallelLayout) -> RequirementsCheck:
     req = profile.requires
     if profile.platform == "cpu":
         return RequirementsCheck(status="compatible", notes=["CPU profile: GPU requirements do not apply"])
@@ -27,11 +30,7 @@ def check_requirements(profile: Profile, facts: ProbeFacts) -> RequirementsCheck
     notes: list[str] = []
     if len(facts.gpus) < req.gpu_count:
         problems.append(f"needs {req.gpu_count} GPU(s), found {len(facts.gpus)}")
-    if profile.serve.tensor_parallel_size > len(facts.gpus):
-        problems.append(
-            f"tensor_parallel_size {profile.serve.tensor_parallel_size} > {len(facts.gpus)} GPU(s)"
-        )
-    used = facts.gpus[: max(req.gpu_count, profile.serve.tensor_parallel_size)]
+    used = facts.gpus[: layout.gpu_request]
     for gpu in used:
         problems.extend(_gpu_problems(profile, gpu))
     names = sorted({g.name for g in used})

@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from deploykit import net
 from deploykit.errors import ProfileError as ProfileError  # defined once, in deploykit.errors
 from deploykit.errors import ProfileIssue as ProfileIssue
 from deploykit.fixes import FIX_NAMES
@@ -38,6 +39,8 @@ _SECRET_VALUE = re.compile(
     r"|glpat-[A-Za-z0-9_-]{16,}|xox[abprs]-[A-Za-z0-9-]{10,}|AKIA[0-9A-Z]{16})"
 )
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# One label of a host name (RFC 1123): letters, digits and inner hyphens, at most 63 characters.
+_HOST_LABEL = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
 
 
 def given_twice(values: Iterable[str]) -> list[str]:
@@ -216,6 +219,11 @@ class ServeSettings(_Strict):
     dtype: Literal["auto", "bfloat16", "float16", "half", "float32", "float"] = "auto"
     max_model_len: Annotated[int, Field(gt=0)] | None = None
     tensor_parallel_size: Annotated[int, Field(ge=1, le=64)] = 1
+    pipeline_parallel_size: Annotated[int, Field(ge=1, le=64)] = Field(
+        default=1,
+        description="--pipeline-parallel-size; `extra_args` may set the flag instead, but never to another "
+        "value than one set here (deploykit.plan.layout)",
+    )
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] | None = None
     enforce_eager: bool = False
     max_num_seqs: Annotated[int, Field(gt=0)] | None = None
@@ -414,8 +422,37 @@ class DeploySpec(_Strict):
     user: Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_-]{0,30}$")] = "vllm"
     image: str = "vllm/vllm-openai"  # the tag follows the vLLM version the plan targets
     replicas: Annotated[int, Field(ge=1)] = 1
+    nodes: Annotated[int, Field(ge=1, le=64)] = Field(
+        default=1,
+        description="the nodes one group (one replica's vLLM ranks) spans: its world size split evenly "
+        "over them; the probe facts describe one of them",
+    )
+    leader_address: str | None = Field(
+        default=None,
+        description="the host name or IP address every worker node reaches the group's leader at (its "
+        "`--master-addr`); `render systemd` needs it when deploy.nodes > 1",
+    )
     cache_dir: str = "/var/cache/deploykit"
     namespace: str | None = None
+
+    @field_validator("leader_address")
+    @classmethod
+    def _reachable_host(cls, value: str | None) -> str | None:
+        """A name or address a worker can dial, nothing else: it becomes one word of the workers' argv."""
+        if value is None:
+            return None
+        address = net.ip_address(value)
+        if address is not None:
+            if address.is_unspecified:
+                raise ValueError(f"{value!r} is a wildcard: give the address the workers reach the leader at")
+            return str(address)  # one spelling: an IPv6 address without brackets, in its short form
+        labels = value.removesuffix(".").split(".")
+        if len(value) > 253 or not all(_HOST_LABEL.match(label) for label in labels) or labels[-1].isdigit():
+            raise ValueError(
+                f"{value!r} is neither a host name (letters, digits and `-` in dot-separated labels) nor an "
+                "IP address"
+            )
+        return value
 
 
 class Profile(_Strict):
@@ -486,6 +523,9 @@ _LATER_FIELD_DEFAULTS: dict[tuple[str, ...], object] = {
     ("advisories",): {},
     ("model", "volumes"): [],
     ("serve", "count_nan_logits"): True,
+    ("serve", "pipeline_parallel_size"): 1,
+    ("deploy", "nodes"): 1,
+    ("deploy", "leader_address"): None,
     ("serve", "usage_stats"): False,
     ("smoke", "fingerprint"): FingerprintSpec().model_dump(mode="json"),
     ("smoke", "known_answers"): [],

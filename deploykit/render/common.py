@@ -81,8 +81,8 @@ def jinja_environment() -> jinja2.Environment:
 def plan_for_render(
     loaded: LoadedProfile, facts: ProbeFacts, overrides: dict[str, FixMode] | None = None
 ) -> Plan:
-    """The same plan `deploykit plan` makes; a plan with errors, or a server open to the network without
-    an API key (unless the profile allows it), is not rendered."""
+    """The same plan `deploykit plan` makes; a plan with errors, or a server open to the network without an
+    API key (unless the profile allows it), is not rendered."""
     from deploykit.plan import make_plan, unauthenticated_exposure
 
     plan = make_plan(loaded, facts, overrides)
@@ -102,11 +102,11 @@ def kubernetes_name(name: str, max_length: int = 63) -> str:
 
 
 def gpu_count(plan: Plan, loaded: LoadedProfile) -> int:
-    """GPUs one replica needs: the profile's count, or more when tensor parallelism asks for more."""
-    profile = loaded.profile
-    if plan.platform == "cpu" or profile.platform == "cpu":
+    """GPUs a unit or pod asks for on its node: the plan's layout (its ranks' GPUs per node, or
+    requires.gpu_count when more), read from the plan, never recounted; none for a CPU plan."""
+    if plan.platform == "cpu" or loaded.profile.platform == "cpu":
         return 0
-    return max(profile.requires.gpu_count, profile.serve.tensor_parallel_size)
+    return plan.layout.gpu_request
 
 
 def plain_env(plan: Plan) -> dict[str, str]:
@@ -143,8 +143,9 @@ def write_files(
 
 def requirements_refusal(plan: Plan) -> str | None:
     """Why a plan must not be rendered without `--force`: the profile's `requires` fail for the facts (a
-    Hopper-only profile on an A100, tensor parallelism 16 on 8 GPUs): the unit or the pod could never run
-    there (a pod asking for 16 GPUs stays Pending for ever). None when they pass or were not checked."""
+    Hopper-only profile on an A100, `requires.gpu_count` 16 on 8 GPUs): the unit or the pod could never run
+    there (a pod asking for 16 GPUs stays Pending for ever). None when they pass or were not checked. A
+    parallel layout the node cannot hold is a plan error already (deploykit.plan.layout.fit_problem)."""
     if plan.requires.status != "incompatible":
         return None
     return f"the profile's requires fail for these facts: {'; '.join(plan.requires.problems)}"

@@ -26,6 +26,7 @@ from deploykit.serve.stages import (
     ListenAddress,
     StageFailure,
     attempt_record,
+    check_launchable,
     check_listen_addresses,
     check_plan,
     ensure_model,
@@ -84,8 +85,7 @@ def _run_attempt(options: ServeOptions, ui: ConsoleUI, store: Store) -> int:
 
 
 def _prepare_and_launch(attempt: Attempt, ui: ConsoleUI) -> None:
-    from deploykit.errors import PlanError
-    from deploykit.plan import host_vllm_mismatch, make_plan, unauthenticated_exposure
+    from deploykit.plan import make_plan, unauthenticated_exposure
 
     options = attempt.options
     attempt.loaded = load(options.profile)
@@ -102,11 +102,7 @@ def _prepare_and_launch(attempt: Attempt, ui: ConsoleUI) -> None:
     argv = plan.argv if options.port is None else with_port(plan.argv, options.port)
     attempt.argv = argv
     check_plan(plan)
-    mismatch = host_vllm_mismatch(plan)  # the plan's decisions are for one release: launch no other
-    if mismatch:
-        # A plan refusal (exit 2), at the `plan` stage; the row is stored as for any stage.
-        way_out = f"install vLLM {plan.vllm_version} here, or change the profile's vllm_version"
-        raise PlanError(f"refused: {mismatch}: {way_out}")
+    check_launchable(plan)  # a plan refusal (exit 2) at the `plan` stage; the row is stored as for any stage
     exposure = unauthenticated_exposure(profile)
     if exposure:
         raise StageFailure(Stage.PLAN, f"refused: {exposure}")

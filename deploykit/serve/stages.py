@@ -108,6 +108,19 @@ def check_plan(plan: Plan) -> None:
         raise StageFailure(Stage.PLAN, "the plan has errors: " + "; ".join(plan.errors))
 
 
+def check_launchable(plan: Plan) -> None:
+    """A plan this host must not launch is refused (exit 2, a plan error) before anything starts: its
+    decisions are for another vLLM release than the one installed here, or it spans several nodes."""
+    from deploykit.errors import PlanError
+    from deploykit.plan import host_vllm_mismatch, multi_node_refusal
+
+    if mismatch := host_vllm_mismatch(plan):
+        way_out = f"install vLLM {plan.vllm_version} here, or change the profile's vllm_version"
+        raise PlanError(f"refused: {mismatch}: {way_out}")
+    if multi_node := multi_node_refusal(plan.layout):
+        raise PlanError(f"refused: {multi_node}")
+
+
 class ListenAddress(NamedTuple):
     """An address the run will listen on: what listens there, and the option that moves it."""
 

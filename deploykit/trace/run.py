@@ -183,6 +183,7 @@ class _TraceRun:
         from deploykit.serve.console import log_echo
         from deploykit.serve.helpers import plan_for_store, redact, secret_values
         from deploykit.serve.stages import (
+            check_launchable,
             check_plan,
             ensure_model,
             launch_environment,
@@ -208,6 +209,7 @@ class _TraceRun:
         clock.enter(Stage.PLAN)
         plan = make_plan(loaded, facts, options.overrides)
         check_plan(plan)
+        check_launchable(plan)
         self.secrets = secret_values(plan, os.environ)
         port = free_port()
         argv = trace_argv(plan.argv, port)

@@ -81,6 +81,18 @@ BROKEN = [
         "boolean",
         id="usage-stats",
     ),
+    pytest.param(
+        MINIMAL + "serve:\n  pipeline_parallel_size: 0\n",
+        ["5:27: serve.pipeline_parallel_size"],
+        "greater than or equal to 1",
+        id="pipeline-parallel-zero",
+    ),
+    pytest.param(
+        MINIMAL + "deploy:\n  nodes: true\n",
+        ["5:10: deploy.nodes"],
+        "boolean, not a number",
+        id="nodes-boolean",
+    ),
     pytest.param("- just\n- a list\n", ["1:1: (top level)"], "mapping", id="not-a-mapping"),
 ]
 
@@ -145,7 +157,8 @@ def test_profile_id_ignores_formatting_but_not_content() -> None:
 def test_profile_id_is_stable_across_the_advisories_field() -> None:
     """Rows stored before profiles could set advisories keep matching their profile's id."""
     plain = parse_profile("name: x\nmodel: {source: /m}\n")
-    # computed at commit b7c9c34, before the `advisories` field existed
+    # computed at commit b7c9c34, before the `advisories` field existed (and serve.pipeline_parallel_size,
+    # deploy.nodes: issue 44)
     assert plain.profile_id() == "2efc86bdf336dd545e2f9f0814f70f1dd7aed96a1d05e47f3af99f9560f7625e"
     base = "name: x\nmodel: {source: /m}\n"
     for later in (
@@ -153,6 +166,8 @@ def test_profile_id_is_stable_across_the_advisories_field() -> None:
         "serve: {count_nan_logits: false}\n",
         "serve: {usage_stats: true}\n",
         "smoke: {fingerprint: {top_k: 7}}\n",
+        "serve: {pipeline_parallel_size: 2}\n",
+        "deploy: {nodes: 2}\n",
     ):  # a later field set away from its default is part of the id
         assert parse_profile(base + later).profile_id() != plain.profile_id(), later
 
