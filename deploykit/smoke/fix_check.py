@@ -1,8 +1,12 @@
 """Smoke's fix check: read `GET /deploykit/status` from a running server and compare it with the fixes the
 plan expects. A planned fix that is not active fails the verdict, naming the fix and the likely cause.
 
+Active means in every rank: with tensor or pipeline parallelism, and across nodes, each rank is a process
+with its own environment, so the check names the rank that did not apply a fix and fails when fewer ranks
+answered than the engine's world holds.
+
 The server side runs inside vLLM (the plugin's status route); this side only speaks HTTP, and the two share
-only the route's path (`deploykit.plugin_contract`).
+only the route's path, the RPC's name and the per-rank record (`deploykit.plugin_contract`).
 """
 
 from __future__ import annotations
@@ -10,9 +14,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from deploykit.plugin_contract import STATUS_PATH as STATUS_PATH
+from deploykit.plugin_contract import STATUS_RPC_METHOD, RankStatus, WorldShape, unanswered_ranks
 from deploykit.smoke.judge import summarise
 from deploykit.smoke.models import CaseResult
 
@@ -22,6 +27,8 @@ if TYPE_CHECKING:
 CASE_NAME = "fixes"
 NONE_WORD = "none"
 PLUGIN_NOT_LOADED = "deploykit's plugin is not loaded by this server"
+# A diagnosis names this many ranks at most (a 64-rank world lacking a fix everywhere is one line, not 64).
+MAX_RANKS_NAMED = 4
 
 
 class ServerFixStatus(BaseModel):
@@ -36,8 +43,16 @@ class ServerFixStatus(BaseModel):
         default=None, description="fix → patched target; {} when the plugin is not loaded; None if unknown"
     )
     engine_error: str | None = None
+    ranks: list[RankStatus] | None = Field(
+        default=None, description="each engine rank's answer; None: the server listed none (older deploykit)"
+    )
+    world_size: int | None = Field(default=None, description="ranks in the engine's world; None: unknown")
+    ranks_problem: str | None = Field(default=None, description="why the per-rank answer could not be read")
     detail: str = ""
     latency_s: float = 0.0
+
+
+_RANKS = TypeAdapter(list[RankStatus])
 
 
 def parse_expect_fixes(text: str, known: Iterable[str]) -> list[str]:
@@ -105,14 +120,45 @@ def read_status(base_url: str, *, timeout_s: float = 30.0, api_key: str | None =
     active = body.get("fixes_active")
     requested = body.get("fixes_requested")
     engine_error = body.get("engine_error")
+    ranks, world_size, problem = _ranks_and_world(body)
     return ServerFixStatus(
         route="ok",
         http_status=200,
         fixes_requested=[str(n) for n in requested] if isinstance(requested, list) else [],
         fixes_active={str(k): str(v) for k, v in active.items()} if isinstance(active, dict) else {},
         engine_error=None if engine_error is None else str(engine_error)[:500],
+        ranks=ranks,
+        world_size=world_size,
+        ranks_problem=problem,
         latency_s=elapsed,
     )
+
+
+def _ranks_and_world(body: dict[str, Any]) -> tuple[list[RankStatus] | None, int | None, str | None]:
+    """The per-rank records (`engine`) and the world's size (`world`), each checked against the shared
+    schema. Absent is unknown (an older deploykit's route); present and malformed is a problem the check
+    fails on, because a rank that cannot be read cannot be shown to have its fixes."""
+    ranks: list[RankStatus] | None = None
+    world_size: int | None = None
+    problems: list[str] = []
+    if "engine" in body:
+        try:
+            ranks = _RANKS.validate_python(body["engine"])
+        except ValidationError as exc:
+            problems.append(_first_error("engine", exc))
+    if body.get("world") is not None:
+        try:
+            world_size = WorldShape.model_validate(body["world"]).size
+        except ValidationError as exc:
+            problems.append(_first_error("world", exc))
+    return ranks, world_size, "; ".join(problems) or None
+
+
+def _first_error(field: str, exc: ValidationError) -> str:
+    """`engine.0.rank: Input should be a valid integer`: where, in the body, and what (bounded)."""
+    error = exc.errors()[0]
+    where = ".".join(str(part) for part in (field, *error["loc"]))
+    return f"{where}: {error['msg']}"[:200]
 
 
 def missing_fix_causes(expected: Sequence[str], status: ServerFixStatus) -> dict[str, str]:
@@ -128,16 +174,68 @@ def missing_fix_causes(expected: Sequence[str], status: ServerFixStatus) -> dict
     active = status.fixes_active or {}
     causes = {}
     for name in expected:
-        if name in active:
-            continue
         if name not in status.fixes_requested:
             requested = ",".join(status.fixes_requested) or "(empty)"
             causes[name] = f"not requested: the server's DEPLOYKIT_FIXES is {requested}"
         elif status.engine_error:
-            causes[name] = f"requested, but the engine did not answer: {status.engine_error}"
+            causes[name] = _engine_cause(status.engine_error)
         else:
-            causes[name] = "requested, but not every engine worker reports it applied"
+            why = _rank_cause(name, status)
+            if why is not None:
+                causes[name] = why
+            elif name not in active:
+                causes[name] = "requested, but not every engine worker reports it applied"
     return causes
+
+
+def _engine_cause(engine_error: str) -> str:
+    cause = f"requested, but the engine did not answer: {engine_error}"
+    if f"has no attribute '{STATUS_RPC_METHOD}'" in engine_error:  # vLLM's words for a rank without it
+        cause += (
+            " (an engine rank has no deploykit status method: deploykit's plugin is not active in its vLLM; "
+            "in a multi-node world every node needs deploykit installed and DEPLOYKIT_FIXES set)"
+        )
+    return cause
+
+
+def _rank_cause(name: str, status: ServerFixStatus) -> str | None:
+    """Why the ranks' own answers show `name` is not active in every rank, or None when they show nothing
+    wrong (or the server listed no ranks)."""
+    if status.ranks_problem is not None:
+        return f"requested, but the server's per-rank answer is malformed: {status.ranks_problem}"
+    ranks = status.ranks
+    if ranks is None:
+        return None
+    if status.world_size is not None:
+        missing = unanswered_ranks(status.world_size, (r.rank for r in ranks))
+        if missing:
+            answered = status.world_size - len(missing)
+            return (
+                f"requested, but only {answered} of the engine's {status.world_size} ranks answered "
+                f"(no answer from {_rank_list(missing)})"
+            )
+    lacking = [rank for rank in ranks if name not in rank.fixes_applied]
+    if not lacking:
+        return None
+    named = [_did_not_apply(name, rank) for rank in lacking[:MAX_RANKS_NAMED]]
+    more = len(lacking) - len(named)
+    either = f" and {more} more rank(s) did not either" if more else ""
+    return "requested, but " + " and ".join(named) + either
+
+
+def _rank_list(ranks: list[int]) -> str:
+    shown = ", ".join(str(rank) for rank in ranks[:MAX_RANKS_NAMED])
+    more = f" and {len(ranks) - MAX_RANKS_NAMED} more" if len(ranks) > MAX_RANKS_NAMED else ""
+    return ("rank " if len(ranks) == 1 else "ranks ") + shown + more
+
+
+def _did_not_apply(name: str, rank: RankStatus) -> str:
+    """`rank 1 (tp 1, pp 0, node 1, host b) did not apply it`, with the rank's own DEPLOYKIT_FIXES when that
+    says why (a node started with another environment)."""
+    words = f"{rank.label()} did not apply it"
+    if rank.fixes_requested is not None and name not in rank.fixes_requested:
+        words += f" (its DEPLOYKIT_FIXES is {','.join(rank.fixes_requested) or '(empty)'})"
+    return words
 
 
 def fix_case(expected: Sequence[str], status: ServerFixStatus) -> CaseResult:

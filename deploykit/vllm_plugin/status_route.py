@@ -5,20 +5,23 @@ parallelism), not in the API server that answers HTTP. So the route asks them, o
 
 - engine side: in every process where the plugin applies fixes, it adds one method, `deploykit_status`,
   to vLLM's `WorkerWrapperBase` (the object `collective_rpc` calls a method name on in each worker). The
-  method answers that process's pid, rank and the fixes the plugin applied there (`applied`), with targets.
+  method answers that rank's record (`worker_status`): pid, global, tensor and pipeline parallel rank, node
+  and host, and the fixes the plugin applied there (`applied`), with targets. Across nodes too: the
+  leader's executor asks the headless nodes' workers over the same RPC.
 - API server side: the plugin adds its route through vLLM's own endpoint-plugin contract
   (`vllm/plugins/endpoint_plugins/interface.py`, "pair with a `vllm.general_plugins` entry that installs
   the engine side method"); that contract is opt-in through VLLM_PLUGINS, so the plugin adds its one
   endpoint to what `vllm.plugins.load_endpoint_plugins` returns instead (only when DEPLOYKIT_FIXES names a
   fix, so installing deploykit never changes another deployment). The route calls
-  `engine_client.collective_rpc("deploykit_status")`: a fix is active when every worker reports it applied.
+  `engine_client.collective_rpc("deploykit_status")`: a fix is active when every rank of the engine's world
+  (its parallel config: tensor × pipeline parallel, every node) answered and reports it applied.
 
 A fix that cannot apply still stops start-up (`entry.register` raises); the route reads state
-and changes nothing on the request path. It holds no secret (fix names, targets, versions, pids), but it is
-guarded like vLLM's `/v1` all the same: an operator who starts vLLM with a key expects nobody without it to
-reach the server's routes (vLLM's own middleware guards only `/v1`, `/v2`, `/inference`, `/cohere`), and
-each read costs the engine workers an RPC. Those RPCs are shared and briefly cached
-(`StatusEndpoint.engine_answer`).
+and changes nothing on the request path. It holds no secret (fix names, targets, versions, pids, ranks, host
+names), but it is guarded like vLLM's `/v1` all the same: an operator who starts vLLM with a key expects
+nobody without it to reach the server's routes (vLLM's own middleware guards only `/v1`, `/v2`,
+`/inference`, `/cohere`), and each read costs the engine workers an RPC. Those RPCs are shared and briefly
+cached (`StatusEndpoint.engine_answer`).
 Nothing heavy at import: vLLM, FastAPI and torch are imported inside functions.
 """
 
@@ -33,10 +36,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from deploykit.plugin_contract import STATUS_PATH
-from deploykit.vllm_plugin.applied import applied_fixes, requested_fixes
+from deploykit.plugin_contract import STATUS_PATH, STATUS_RPC_METHOD, WorldShape, unanswered_ranks
+from deploykit.vllm_plugin.applied import requested_fixes
+from deploykit.vllm_plugin.worker_status import process_record
 
-RPC_METHOD = "deploykit_status"
+RPC_METHOD = STATUS_RPC_METHOD
 RPC_TIMEOUT_S = 15.0
 ENDPOINT_NAME = "deploykit"
 _MARKER = "__deploykit_status__"
@@ -56,19 +60,20 @@ class StatusRouteError(RuntimeError):
     """vLLM's shape changed: the route cannot be added (the plugin turns it into a FixError)."""
 
 
-def process_record(rank: int | None = None) -> dict[str, Any]:
-    """This process: its pid, its rank in the executor (workers only) and the fixes applied in it."""
-    return {"pid": os.getpid(), "rank": rank, "fixes_applied": applied_fixes()}
-
-
 def _worker_status(self: Any) -> dict[str, Any]:
     """Installed as `WorkerWrapperBase.deploykit_status`; `collective_rpc` runs it in each worker."""
-    return process_record(getattr(self, "rpc_rank", None))
+    return process_record(self)
 
 
-def active_fixes(requested: list[str], records: list[dict[str, Any]]) -> dict[str, str]:
-    """The requested fixes every engine process reports applied (at least one process must answer)."""
+def active_fixes(
+    requested: list[str], records: list[dict[str, Any]], world_size: int | None = None
+) -> dict[str, str]:
+    """The requested fixes every engine process reports applied: at least one must answer, and, when the
+    engine's world size is known, every rank of it (a reader that only knows this field still sees a rank
+    that did not answer as nothing active)."""
     if not records:
+        return {}
+    if world_size is not None and unanswered_ranks(world_size, (_rank_of(r) for r in records)):
         return {}
     active: dict[str, str] = {}
     for name in requested:
@@ -76,6 +81,24 @@ def active_fixes(requested: list[str], records: list[dict[str, Any]]) -> dict[st
         if all(isinstance(t, str) for t in targets):
             active[name] = str(targets[0])
     return active
+
+
+def _rank_of(record: dict[str, Any]) -> int | None:
+    rank = record.get("rank")
+    return rank if isinstance(rank, int) and not isinstance(rank, bool) else None
+
+
+def engine_world(engine_client: Any) -> WorldShape | None:
+    """The engine's parallel layout from the config the API server started it with (EngineClient's
+    `vllm_config`); None when there is no engine or the config has another shape."""
+    parallel = getattr(getattr(engine_client, "vllm_config", None), "parallel_config", None)
+    sizes = ("tensor_parallel_size", "pipeline_parallel_size", "nnodes")
+    try:
+        return WorldShape.model_validate(
+            {"size": getattr(parallel, "world_size", None), **{n: getattr(parallel, n, None) for n in sizes}}
+        )
+    except ValueError:  # pydantic's ValidationError: not a vLLM config of the shape this deploykit knows
+        return None
 
 
 def configured_api_keys(args: Any) -> list[str]:
@@ -204,16 +227,27 @@ class StatusEndpoint:
 
         requested = requested_fixes()
         answer = await self.engine_answer()
+        world = engine_world(self.engine_client)
+        size = None if world is None else world.size
+        of_world = "" if size is None else f" of a world of {size}"
         return {
             "deploykit_version": __version__,
             "vllm_version": installed_vllm_version(),
             "fixes_requested": requested,
-            "fixes_active": active_fixes(requested, answer.records),
+            "fixes_active": active_fixes(requested, answer.records, size),
             "engine": answer.records,
             "engine_error": answer.error,
             "engine_answer_age_s": round(max(0.0, self.clock() - answer.at), 3),
+            "world": None if world is None else world.model_dump(),
+            "ranks_unanswered": (
+                None
+                if size is None or answer.error is not None
+                else unanswered_ranks(size, (_rank_of(r) for r in answer.records))
+            ),
             "api_server": process_record(),
-            "source": f"collective_rpc({RPC_METHOD!r}) answered by {len(answer.records)} engine worker(s)",
+            "source": (
+                f"collective_rpc({RPC_METHOD!r}) answered by {len(answer.records)} engine worker(s){of_world}"
+            ),
         }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
 from collections.abc import Iterator
 from types import ModuleType, SimpleNamespace
@@ -93,6 +94,106 @@ def test_active_means_every_engine_worker_applied_it() -> None:
     assert status_route.active_fixes(["a"], []) == {}  # no engine answered: nothing is known active
 
 
+def test_active_also_means_every_rank_of_the_world_answered() -> None:
+    rank = [{"rank": r, "fixes_applied": {"a": "ta"}} for r in range(3)]
+    assert status_route.active_fixes(["a"], rank[:2], world_size=2) == {"a": "ta"}
+    assert status_route.active_fixes(["a"], rank[:2], world_size=3) == {}  # rank 2 is silent
+    assert (
+        status_route.active_fixes(["a"], [rank[0], rank[0]], world_size=2) == {}
+    )  # one rank twice is not two
+    assert status_route.active_fixes(["a"], [{"fixes_applied": {"a": "ta"}}], world_size=1) == {}  # no rank
+
+
+# --- each rank's record, in a worker process of a TP 2 world over two nodes -------------------------------
+
+
+@contextlib.contextmanager
+def parallel_state(tp_rank: int, pp_rank: int) -> Iterator[None]:
+    """vLLM's `vllm.distributed.parallel_state` as a worker has it after distributed init (groups ready)."""
+    state = ModuleType("vllm.distributed.parallel_state")
+    state.get_tp_group = lambda: SimpleNamespace(rank_in_group=tp_rank)  # type: ignore[attr-defined]
+    state.get_pp_group = lambda: SimpleNamespace(rank_in_group=pp_rank)  # type: ignore[attr-defined]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(sys.modules, state.__name__, state)
+        yield
+
+
+class _Wrapper:
+    """vLLM 0.32's WorkerWrapperBase as the multiproc executor makes it on node 1 of a TP 2, two-node world:
+    rpc_rank is the node-local index, global_rank the rank in the world; `__getattr__` forwards to the
+    worker, which does not exist before init_worker (then forwarding recurses, as vLLM's does)."""
+
+    def __init__(self, rpc_rank: int, global_rank: int) -> None:
+        self.rpc_rank, self.global_rank = rpc_rank, global_rank
+
+    def init_worker(self, node_rank: int) -> None:
+        parallel = SimpleNamespace(node_rank=node_rank, world_size=2)
+        self.vllm_config = SimpleNamespace(parallel_config=parallel)
+        self.worker = SimpleNamespace(local_rank=self.rpc_rank, rank=self.global_rank)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.worker, name)
+
+
+def test_a_worker_answers_its_global_tensor_pipeline_and_node_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    from deploykit.plugin_contract import RankStatus
+    from deploykit.vllm_plugin.worker_status import process_record
+
+    monkeypatch.setenv(FIXES_ENV, "device_penalties, matmul_lora")
+    monkeypatch.setattr(applied, "_applied", {"device_penalties": "InputBatch.no_penalties"})
+    wrapper = _Wrapper(rpc_rank=0, global_rank=1)
+    wrapper.init_worker(node_rank=1)
+    with parallel_state(tp_rank=1, pp_rank=0):
+        record = process_record(wrapper)
+    assert record == {
+        "pid": os.getpid(),
+        "rank": 1,  # the world's rank, not the executor-local rpc_rank (0 on every node)
+        "local_rank": 0,
+        "tp_rank": 1,
+        "pp_rank": 0,
+        "node_rank": 1,
+        "hostname": socket.gethostname(),
+        "fixes_requested": ["device_penalties", "matmul_lora"],
+        "fixes_applied": {"device_penalties": "InputBatch.no_penalties"},
+    }
+    assert (
+        RankStatus.model_validate(record).label()
+        == f"rank 1 (tp 1, pp 0, node 1, host {socket.gethostname()})"
+    )
+
+
+def test_a_worker_not_yet_initialised_answers_what_it_knows_without_recursing() -> None:
+    from deploykit.vllm_plugin.worker_status import process_record
+
+    record = process_record(_Wrapper(rpc_rank=1, global_rank=3))  # no parallel_state loaded in this process
+    assert (record["rank"], record["local_rank"], record["tp_rank"], record["node_rank"]) == (
+        3,
+        1,
+        None,
+        None,
+    )
+
+
+def test_the_real_worker_wrapper_gives_the_world_rank_not_the_node_local_one() -> None:
+    """Against vLLM's own WorkerWrapperBase, as the multiproc executor makes node 1's worker of a TP 2 world
+    over two nodes (before init_worker: its `__getattr__` would recurse on the missing worker)."""
+    from vllm.v1.worker.worker_base import WorkerWrapperBase
+
+    from deploykit.vllm_plugin.worker_status import process_record
+
+    record = process_record(WorkerWrapperBase(rpc_rank=0, global_rank=1))
+    assert (record["rank"], record["local_rank"]) == (1, 0)
+
+
+def test_the_api_server_record_holds_no_rank() -> None:
+    from deploykit.vllm_plugin.worker_status import process_record
+
+    record = process_record()
+    assert record["rank"] is None and record["tp_rank"] is None and record["pid"] == os.getpid()
+
+
 class _Engine:
     """A fake engine client whose `collective_rpc` counts calls; `gate` (when set) holds each call until
     the test opens it, and `errors` fail the next calls in turn."""
@@ -123,6 +224,32 @@ def test_the_route_reports_what_the_engine_workers_applied(monkeypatch: pytest.M
     assert body["fixes_active"] == {"device_penalties": "worker-side"}  # the engine's word, not the API's
     assert body["engine_error"] is None and body["deploykit_version"]
     assert set(body) >= {"deploykit_version", "vllm_version", "fixes_requested", "fixes_active"}
+
+
+def _engine_of_world(size: int, answering: list[int]) -> _Engine:
+    """An engine client whose config says a world of `size` (TP `size`, two nodes), and whose RPC is
+    answered by the ranks `answering`, each with the fix applied."""
+    engine = _Engine([{**RECORD, "pid": 10 + r, "rank": r, "tp_rank": r} for r in answering])
+    parallel = SimpleNamespace(world_size=size, tensor_parallel_size=size, pipeline_parallel_size=1, nnodes=2)
+    engine.vllm_config = SimpleNamespace(parallel_config=parallel)  # type: ignore[attr-defined]
+    return engine
+
+
+def test_the_route_gives_the_world_size_and_a_silent_rank_leaves_nothing_active() -> None:
+    endpoint = status_route.StatusEndpoint()
+    asyncio.run(endpoint.init_state(_engine_of_world(2, [0, 1]), None, None))
+    body = asyncio.run(endpoint.status())
+    world = {"size": 2, "tensor_parallel_size": 2, "pipeline_parallel_size": 1, "nnodes": 2}
+    assert body["world"] == world and body["ranks_unanswered"] == []
+    assert body["fixes_active"] == {"device_penalties": "worker-side"}
+    assert [r["rank"] for r in body["engine"]] == [0, 1]
+    assert body["source"].endswith("answered by 2 engine worker(s) of a world of 2")
+
+    endpoint = status_route.StatusEndpoint()
+    asyncio.run(endpoint.init_state(_engine_of_world(2, [0]), None, None))
+    body = asyncio.run(endpoint.status())
+    assert body["world"] == world and body["ranks_unanswered"] == [1]
+    assert body["fixes_active"] == {}  # an older reader, which knows only this field, fails too
 
 
 def test_an_engine_that_does_not_answer_leaves_nothing_active(monkeypatch: pytest.MonkeyPatch) -> None:
