@@ -1,7 +1,9 @@
 """A Helm chart (apiVersion v2) from a plan: values.yaml is generated, the chart's templates are shipped.
 
 The Deployment's command is `.Values.command`, which is the plan's argv; the fix environment is the plan's
-env. The chart's own templates are Helm (Go) templates copied verbatim: deploykit never renders them.
+env. A group that spans nodes is a LeaderWorkerSet instead, its leader's and workers' commands the same argv
+with vLLM's node flags (`.Values.group`, deploykit.render.group_chart). The chart's own templates are Helm
+(Go) templates copied verbatim: deploykit never renders them.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from deploykit.render.common import (
     plain_env,
     template_root,
 )
+from deploykit.render.group_chart import group_values
 from deploykit.render.model_source import model_values
 from deploykit.render.plugin_wheel import PluginWheel, build_plugin_wheel
 
@@ -52,6 +55,10 @@ VERDICT_MAX_AGE_S = 600
 # Kubernetes' default progress deadline (600 s) is shorter than a big model's load: the rollout may take
 # the whole start-up window plus an image pull and scheduling before it counts as failed.
 PROGRESS_MARGIN_S = 600
+# How a rollout of more than one replica replaces pods: one at a time, no extra pod (a surge needs a spare
+# GPU). The chart picks the strategy from replicaCount when the release is installed, so `--set
+# replicaCount=3` rolls; the PodDisruptionBudget lets a drain take as many pods (docs/deploy.md, Replicas).
+ROLLOUT = {"maxSurge": 0, "maxUnavailable": 1}
 # What the vLLM container asks of its node besides GPUs, per GPU (tensor parallel runs one worker process
 # per GPU, each loading its shard): the API server, the engine core and the workers, and host memory for
 # loading weights. A CPU-only plan runs the tiny demo model.
@@ -173,8 +180,8 @@ def gpu_node_terms(plan: Plan, loaded: LoadedProfile) -> tuple[list[dict[str, An
 
 
 def vllm_resources(gpus: int) -> dict[str, Any]:
-    """Requests that follow the GPU count (max of requires.gpu_count and tensor parallelism): CPU and host
-    memory per GPU worker, and the GPUs both requested and limited (Kubernetes wants them equal)."""
+    """Requests that follow the GPU count (the plan's layout: GPUs per node, or requires.gpu_count): CPU
+    and host memory per GPU worker, and the GPUs both requested and limited (Kubernetes wants them equal)."""
     if not gpus:
         return {"requests": dict(VLLM_REQUESTS_CPU)}
     requests = {
@@ -183,14 +190,6 @@ def vllm_resources(gpus: int) -> dict[str, Any]:
         GPU_RESOURCE: gpus,
     }
     return {"requests": requests, "limits": {GPU_RESOURCE: gpus}}
-
-
-def update_strategy(replicas: int) -> dict[str, Any]:
-    """One replica: Recreate (the old pod's GPUs are not free for the new one). More: a rolling update one
-    pod at a time with no surge, so the others keep serving and no spare GPU is needed."""
-    if replicas <= 1:
-        return {"type": "Recreate"}
-    return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
 
 
 def probes(startup_timeout_s: int) -> dict[str, Any]:
@@ -304,13 +303,14 @@ def chart_values(plan: Plan, loaded: LoadedProfile, wheel: PluginWheel) -> tuple
     env.update({key: kubernetes_literal(value) for key, value in plain_env(plan).items()})
     resources = vllm_resources(count)
     model, model_warnings = model_values(plan, loaded)
+    command = [kubernetes_literal(word) for word in plan.argv]
     values: dict[str, Any] = {
         "image": {"repository": repository, "tag": tag, "pullPolicy": "IfNotPresent"},
         "imagePullSecrets": [],
         "replicaCount": profile.deploy.replicas,
-        "strategy": update_strategy(profile.deploy.replicas),
+        "rollout": dict(ROLLOUT),
         "progressDeadlineSeconds": profile.deploy.startup_timeout_s + PROGRESS_MARGIN_S,
-        "command": [kubernetes_literal(word) for word in plan.argv],
+        "command": command,
         "env": env,
         "extraEnv": [],
         "secretEnv": {key: key for key in plan.secret_env},
@@ -325,7 +325,7 @@ def chart_values(plan: Plan, loaded: LoadedProfile, wheel: PluginWheel) -> tuple
         "enableServiceLinks": False,
         "shm": {
             "enabled": True,
-            "sizeLimit": SHM_TP if profile.serve.tensor_parallel_size > 1 else SHM_SINGLE,
+            "sizeLimit": SHM_TP if count > 1 else SHM_SINGLE,
         },
         "cache": {
             "path": cache_path,
@@ -366,7 +366,7 @@ def chart_values(plan: Plan, loaded: LoadedProfile, wheel: PluginWheel) -> tuple
             "tolerations": [],
             "affinity": {},
         },
-        "podDisruptionBudget": {"enabled": False, "maxUnavailable": 1, "minAvailable": ""},
+        "podDisruptionBudget": {"enabled": False},
         "metrics": {
             "podMonitor": {"enabled": False, "interval": "30s", "labels": {}},
             "serviceMonitor": {"enabled": False, "interval": "30s", "labels": {}},
@@ -380,6 +380,9 @@ def chart_values(plan: Plan, loaded: LoadedProfile, wheel: PluginWheel) -> tuple
             "advisories": ",".join(f"{a.id}={a.outcome}" for a in plan.advisories),
         },
     }
+    group = group_values(plan, loaded, command)
+    if group is not None:  # a group over several nodes: a LeaderWorkerSet (templates/leaderworkerset.yaml)
+        values["group"] = group
     return values, [*warnings, *affinity_warnings, *model_warnings]
 
 

@@ -131,8 +131,11 @@ def test_render_writes_the_advisory_into_the_unit_and_the_chart(tp2: Path, tmp_p
     values = yaml.safe_load((chart_dir / "tp2" / "values.yaml").read_text())
     assert values["deploykit"]["advisories"] == "custom-allreduce-patched-p2p=applied"
     assert values["command"][-1] == "--disable-custom-all-reduce"
-    deployment = (chart_dir / "tp2" / "templates" / "deployment.yaml").read_text()
-    assert "deploykit.io/advisories" in deployment
+    templates = chart_dir / "tp2" / "templates"
+    annotations = (templates / "_pod.tpl").read_text().split('define "deploykit.objectAnnotations"')[1]
+    assert "deploykit.io/advisories: {{ . | quote }}" in annotations.split("{{- end -}}")[0]
+    for workload in ("deployment.yaml", "leaderworkerset.yaml"):  # one node, or a group over several
+        assert 'include "deploykit.objectAnnotations"' in (templates / workload).read_text()
 
 
 def test_a_results_row_records_which_advisories_applied(plan_for: PlanFor, tmp_path: Path) -> None:

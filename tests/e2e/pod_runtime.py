@@ -15,7 +15,13 @@ A test changes a rendered spec in these ways only (all visible in the YAML it pl
      Deployment): podman 4.3 gives init containers the pod's restart policy, so under Always the init
      container restarts forever and `kube play` fails ("failed to remove once init container").
   4. `add_service_links`: what a kubelet adds and podman does not: the Docker-link variables of the
-     namespace's Services (`<NAME>_PORT=tcp://...`), unless the pod says `enableServiceLinks: false`.
+     namespace's Services (`<NAME>_PORT=tcp://...`), unless the pod says `enableServiceLinks: false`;
+  5. for the pods of a LeaderWorkerSet (a custom resource: no controller here makes them), each pod is its
+     template played as a Pod, with what the controller and the cluster's DNS give it: `add_lws_identity`
+     (LWS_* variables, hostname, subdomain) and `add_host_aliases` (the leader's DNS name → its address on a
+     `network_create` network of the runtime's own, the pods' static addresses given to `play --ip`);
+  6. `expand_env_references`: the kubelet's `$(NAME)` expansion in command and args (podman 4.3 passes
+     `$(NAME)` on as it is).
 
 What podman 4.3 does with the rest of a pod, as measured (see also /work/shared/notes/runtimes.md):
   - containers are named `<pod name>-<container name>`; a Deployment's pod is `<deployment name>-pod-0`;
@@ -159,6 +165,36 @@ class PlayedPod:
     containers: tuple[str, ...]
 
 
+@dataclass
+class PendingPlay:
+    """A `kube play` still running (`PodRuntime.start_play`)."""
+
+    runtime: PodRuntime
+    process: subprocess.Popen[str]
+    args: list[str]
+
+    def done(self) -> bool:
+        return self.process.poll() is not None
+
+    def wait(self, timeout: float) -> list[PlayedPod]:
+        """The pods it created, once it returned; PodmanError when it failed or took longer than `timeout`
+        (then it is stopped)."""
+        try:
+            stdout, stderr = self.process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise PodmanError(self.args, -1, "", f"timed out after {timeout} s") from None
+        if self.process.returncode != 0:
+            raise PodmanError(self.args, self.process.returncode, stdout, stderr)
+        return [self.runtime.pod(pod_id) for pod_id in _section(stdout, "Pod")]
+
+    def stop(self) -> None:
+        """End the `kube play` process (what it made stays, for `down` or `close`)."""
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.communicate()
+
+
 class PodRuntime:
     """Rootful podman with all state under `workdir` (storage, runroot, tmp, events, secrets, kube files).
 
@@ -177,6 +213,7 @@ class PodRuntime:
         self.rootfs = rootfs or Path(read_status().get("rootfs", str(ROOTFS_TAR)))
         self.command_timeout = command_timeout
         self._played: list[Path] = []
+        self._networks: list[str] = []
         self._counter = 0
         self._closed = False
         for sub in ("root", "runroot", "tmp", "net", "kube", "secrets"):
@@ -304,6 +341,28 @@ class PodRuntime:
         proc = self.podman(*argv, *extra_args, str(path), timeout=timeout)
         return [self.pod(pod_id) for pod_id in _section(proc.stdout, "Pod")]
 
+    def start_play(self, yaml_text: str, *, extra_args: Sequence[str] = ()) -> PendingPlay:
+        """`play`, without waiting for it: for a pod whose init containers wait for something the test does
+        next (a group's worker waits for its leader). `PendingPlay.wait` gives the pods; until `kube play`
+        has returned, podman holds the pod and neither `kube down` nor `close` can remove it, so a test that
+        gives up calls `PendingPlay.stop` first."""
+        check_kube_yaml(yaml_text)
+        path = self._kube_file(yaml_text)
+        if path not in self._played:
+            self._played.append(path)
+        argv = [*self.base_argv(), "kube", "play"]
+        if not any(a == "--network" or a.startswith("--network=") for a in extra_args):
+            argv += ["--network", "host"]
+        process = subprocess.Popen(
+            [*argv, *extra_args, str(path)],
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        return PendingPlay(self, process, [*argv[len(self.base_argv()) :], *extra_args, str(path)])
+
     def pod(self, name_or_id: str) -> PlayedPod:
         info = json.loads(self.podman("pod", "inspect", name_or_id).stdout)
         if isinstance(info, list):
@@ -318,6 +377,22 @@ class PodRuntime:
         self.podman("kube", "down", str(path), timeout=timeout)
         if path in self._played:
             self._played.remove(path)
+
+    # -- networks --------------------------------------------------------------------------------------------
+    def network_create(self, name: str, subnet: str) -> str:
+        """A bridge network of this runtime's own (its CNI config lives under `workdir`), for pods that must
+        reach each other by address, as a cluster's pods do; `close()` removes it. Podman 4.3 with CNI has no
+        name service on it: give pods the names they look up with `add_host_aliases`."""
+        self.podman("network", "create", "--driver", "bridge", "--subnet", subnet, name)
+        self._networks.append(name)
+        return name
+
+    def network_remove(self, name: str) -> None:
+        """Remove the network and what still uses it; never raises (a teardown step)."""
+        with contextlib.suppress(PodmanError):
+            self.podman("network", "rm", "--force", name, check=False, timeout=120)
+        if name in self._networks:
+            self._networks.remove(name)
 
     # -- containers ------------------------------------------------------------------------------------------
     def exec(
@@ -415,6 +490,8 @@ class PodRuntime:
         self.podman("rm", "--all", "--force", "--time", "0", check=False, timeout=quick)
         self.podman("volume", "rm", "--all", "--force", check=False, timeout=quick)
         self.podman("secret", "rm", "--all", check=False, timeout=quick)
+        for network in list(self._networks):  # after the pods that used them
+            self.network_remove(network)
         self._closed = True
         _kill_processes_using(self.workdir)
         _unmount_below(self.workdir)
@@ -564,6 +641,71 @@ def add_service_links(spec: dict[str, Any], services: Iterable[Mapping[str, Any]
         own = {e["name"] for e in container.get("env") or []}
         extra = [{"name": k, "value": v} for k, v in links.items() if k not in own]
         container["env"] = [*extra, *(container.get("env") or [])]
+    return spec
+
+
+def add_lws_identity(
+    spec: dict[str, Any],
+    *,
+    leader_address: str,
+    group_size: int,
+    worker_index: int,
+    hostname: str,
+    subdomain: str,
+) -> dict[str, Any]:
+    """What the LeaderWorkerSet controller gives each pod of a group and podman cannot: LWS_LEADER_ADDRESS,
+    LWS_GROUP_SIZE and LWS_WORKER_INDEX in every container's environment, init containers too (put first,
+    as LWS does, so a later variable may refer to them), and the pod's hostname and subdomain (the set's
+    headless Service). Changes `spec` (a PodSpec) in place and returns it."""
+    identity = [
+        {"name": "LWS_LEADER_ADDRESS", "value": leader_address},
+        {"name": "LWS_GROUP_SIZE", "value": str(group_size)},
+        {"name": "LWS_WORKER_INDEX", "value": str(worker_index)},
+    ]
+    for container in _containers(spec):
+        own = [e for e in container.get("env") or [] if e["name"] not in {i["name"] for i in identity}]
+        container["env"] = [*copy.deepcopy(identity), *own]
+    spec["hostname"] = hostname
+    spec["subdomain"] = subdomain
+    return spec
+
+
+def expand_env_references(spec: dict[str, Any]) -> dict[str, Any]:
+    """The kubelet's expansion of `$(NAME)` in each container's command and args, which podman 4.3 does not
+    do: from the container's own `env` values; `$$` is a literal `$`; a name the container does not define
+    stays `$(NAME)`, as Kubernetes leaves it (k8s.io/kubernetes third_party/forked/golang/expansion). Changes
+    `spec` in place and returns it."""
+    for container in _containers(spec):
+        values = {e["name"]: e["value"] for e in container.get("env") or [] if "value" in e}
+        for field_name in ("command", "args"):
+            if field_name in container:
+                container[field_name] = [_expand(word, values) for word in container[field_name]]
+    return spec
+
+
+def _expand(word: str, values: Mapping[str, str]) -> str:
+    out: list[str] = []
+    index = 0
+    while index < len(word):
+        if word.startswith("$$", index):
+            out.append("$")
+            index += 2
+        elif word.startswith("$(", index) and ")" in word[index + 2 :]:
+            end = word.index(")", index + 2)
+            name = word[index + 2 : end]
+            out.append(values.get(name, word[index : end + 1]))
+            index = end + 1
+        else:
+            out.append(word[index])
+            index += 1
+    return "".join(out)
+
+
+def add_host_aliases(spec: dict[str, Any], names: Mapping[str, Sequence[str]]) -> dict[str, Any]:
+    """What a cluster's DNS answers and podman 4.3's CNI networks do not: each address's names, as the
+    pod's /etc/hosts entries (`hostAliases`). Changes `spec` in place and returns it."""
+    aliases = spec.setdefault("hostAliases", [])
+    aliases.extend({"ip": ip, "hostnames": list(hostnames)} for ip, hostnames in names.items())
     return spec
 
 

@@ -24,6 +24,7 @@ import yaml
 
 from tests.profile_variants import PROFILES, profile_variant
 from tests.render.conftest import deploykit, planned
+from tests.unit_prefix import ABSENT_PREFIX
 
 FACTS_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "facts"  # saved probe facts of real GPUs
 RELEASE = "demo"
@@ -193,7 +194,7 @@ WRONG_VALUES: list[Callable[[dict[str, Any]], None]] = [
     lambda v: v["tolerations"].append({"key": "gpu", "operator": "Matches"}),
     lambda v: v["affinity"].update(nodeAfinity={}),  # a typo
     lambda v: v["cache"]["persistence"].update(size="big"),
-    lambda v: v["podDisruptionBudget"].update(maxUnavailable="one"),
+    lambda v: v["rollout"].update(maxUnavailable="one"),
     lambda v: v["metrics"]["podMonitor"].update(interval="often"),
     lambda v: v["plugin"].update(source="pypi"),
     lambda v: v["plugin"].update(source="index"),  # without index.secretName
@@ -261,7 +262,7 @@ BROKEN_TEMPLATES = {
     ),
     "bad indentation": ("templates/deployment.yaml", "\n  selector:", "\n selector:", "unable to parse YAML"),
     "missing value map": (
-        "templates/deployment.yaml",
+        "templates/_pod.tpl",  # the vLLM pod, shared by the Deployment and a group's LeaderWorkerSet
         ".Values.probes.startup",
         ".Values.probe.startup",
         "nil pointer evaluating",
@@ -299,7 +300,7 @@ def test_a_misspelt_value_passes_lint_but_not_kubernetes_validation(
     """helm renders a missing scalar as null and `helm lint --strict` (helm 4) accepts it: the Kubernetes
     schemas are what catch it, which is why the tests validate `helm template`'s output too."""
     root = broken_copy(
-        charts["turing"], tmp_path, "templates/deployment.yaml", "{{ .Values.port }}", "{{ .Values.prot }}"
+        charts["turing"], tmp_path, "templates/_pod.tpl", "{{ $root.Values.port }}", "{{ $root.Values.prot }}"
     )
     assert lint(root).returncode == 0
     (deployment,) = [d for d in template(root) if d["kind"] == "Deployment"]
@@ -473,7 +474,7 @@ def test_plan_shell_systemd_and_chart_agree(
         "--out",
         str(tmp_path),
         "--prefix",
-        sys.prefix,
+        ABSENT_PREFIX,
     )
     unit_argv = split_command_line(
         unit_value((tmp_path / "deploykit-gemma4-turing.service").read_text(), "ExecStart")
@@ -693,8 +694,9 @@ INJECTED_PAST_THE_SCHEMA: dict[str, dict[str, Any]] = {
     **INJECTED_VALUES,
     "priorityClassName": {"priorityClassName": "pc\n      injected: true"},
     "shm.sizeLimit": {"shm": {"sizeLimit": "1Gi\n            injected: true"}},
-    "podDisruptionBudget": {
-        "podDisruptionBudget": {"enabled": True, "maxUnavailable": "1\n  injected: true"}
+    "rollout": {
+        "podDisruptionBudget": {"enabled": True},
+        "rollout": {"maxSurge": "1\n    injected: true", "maxUnavailable": "1\n  injected: true"},
     },
     "metrics.interval": {
         "metrics": {"podMonitor": {"enabled": True, "interval": "30s\n      injected: true"}}
@@ -752,3 +754,108 @@ def test_no_value_injects_yaml_even_past_the_schema(
     docs = template(charts["hopper"].root, "-f", str(override), "--skip-schema-validation")
     assert injected_keys(docs) == []
     assert injected_keys(charts["hopper"].manifests) == []  # (the finder finds nothing in a clean chart)
+
+
+# Replicas (docs/deploy.md, Scaling out): the chart decides the update strategy from replicaCount when the
+# release is installed, never deploykit at render time, and the PodDisruptionBudget lets a drain take as many
+# pods as a rollout does: one at a time by default, with no surge (GPUs are scarce).
+RECREATE = {"type": "Recreate"}
+
+
+def rolling(surge: int, unavailable: int) -> dict[str, Any]:
+    return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": surge, "maxUnavailable": unavailable}}
+
+
+# replicaCount → (the Deployment's strategy, the budget's maxUnavailable) with the chart's own rollout values.
+REPLICAS = {
+    0: (RECREATE, 1),
+    1: (RECREATE, 1),  # the budget lets a drain take the only pod: 0 would block the drain forever
+    2: (rolling(0, 1), 1),
+    3: (rolling(0, 1), 1),
+    5: (rolling(0, 1), 1),
+}
+
+
+def rollout(chart: Chart, *settings: str) -> tuple[int, dict[str, Any], dict[str, Any]]:
+    """The replicas, update strategy and disruption budget `helm template --set SETTING...` renders with the
+    budget on; the Deployment and the budget validated against the Kubernetes schemas."""
+    options = [word for setting in settings for word in ("--set", setting)]
+    docs = template(chart.root, "--set", "podDisruptionBudget.enabled=true", *options)
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    (budget,) = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+    for doc in (deployment, budget):
+        for version in KUBERNETES_VERSIONS:
+            kubernetes_validate.validate(doc, version, strict=True)
+    return deployment["spec"]["replicas"], deployment["spec"]["strategy"], budget["spec"]
+
+
+@pytest.mark.parametrize("replicas", REPLICAS)
+def test_the_strategy_and_the_budget_follow_replica_count_at_install(
+    charts: dict[str, Chart], replicas: int
+) -> None:
+    """The Hopper chart was rendered from a one-replica profile; `--set replicaCount=N` decides."""
+    assert charts["hopper"].values["replicaCount"] == 1
+    count, strategy, budget = rollout(charts["hopper"], f"replicaCount={replicas}")
+    assert (count, strategy, budget["maxUnavailable"]) == (replicas, *REPLICAS[replicas])
+    assert "minAvailable" not in budget
+    if replicas > 1:  # a drain takes no more pods than the rollout does, and is never blocked
+        assert budget["maxUnavailable"] == strategy["rollingUpdate"]["maxUnavailable"] >= 1
+
+
+@pytest.mark.external_tool  # helm template (no `charts` fixture to say so)
+def test_the_values_hold_no_strategy_of_the_profile(
+    make_profile: Callable[[str, dict[str, Any]], Path], tmp_path: Path
+) -> None:
+    """A three-replica profile's chart installed with one replica recreates it: nothing decided at render."""
+    profile = make_profile("qwen-lora-hopper", {**LISTEN, "deploy.replicas": 3})
+    chart = render_chart(profile, FACTS_DIR / "h100.json", tmp_path / "out")
+    assert chart.values["replicaCount"] == 3 and "strategy" not in chart.values
+    assert rollout(chart)[:2] == (3, rolling(0, 1))
+    assert rollout(chart, "replicaCount=1")[:2] == (1, RECREATE)
+
+
+# Teams with spare GPUs opt in to a surge: (settings, the strategy, the budget's maxUnavailable).
+SURGES = {
+    "one replica, a new pod before the old goes": (
+        ("replicaCount=1", "rollout.maxSurge=1"),
+        rolling(1, 0),
+        1,  # a drain may still take the only pod; 0 would block it forever
+    ),
+    "three replicas, one extra and one down": (("replicaCount=3", "rollout.maxSurge=1"), rolling(1, 1), 1),
+    "three replicas, none down in a rollout": (
+        ("replicaCount=3", "rollout.maxSurge=1", "rollout.maxUnavailable=0"),
+        rolling(1, 0),
+        1,  # a drain still takes one at a time: 0 would block it forever
+    ),
+    "four replicas, two at a time": (("replicaCount=4", "rollout.maxUnavailable=2"), rolling(0, 2), 2),
+}
+
+
+@pytest.mark.parametrize("case", SURGES)
+def test_a_surge_is_opted_in_through_values(charts: dict[str, Chart], case: str) -> None:
+    settings, strategy, unavailable = SURGES[case]
+    _, rendered, budget = rollout(charts["hopper"], *settings)
+    assert (rendered, budget["maxUnavailable"]) == (strategy, unavailable)
+
+
+# Rollout values the schema refuses (and with it `helm template -f`): (change to the values, why).
+ROLLOUT_NONSENSE: dict[str, Callable[[dict[str, Any]], None]] = {
+    "a negative surge": lambda v: v["rollout"].update(maxSurge=-1),
+    "a negative unavailability": lambda v: v["rollout"].update(maxUnavailable=-1),
+    "a percentage (the budget counts pods)": lambda v: v["rollout"].update(maxSurge="25%"),
+    "a rollout that cannot move": lambda v: v["rollout"].update(maxSurge=0, maxUnavailable=0),
+    "an unknown rollout key": lambda v: v["rollout"].update(maxSurges=1),
+    "a strategy of its own (the chart decides it)": lambda v: v.update(strategy=RECREATE),
+    "a budget of its own (it follows the rollout)": lambda v: v["podDisruptionBudget"].update(minAvailable=1),
+}
+
+
+@pytest.mark.parametrize("case", ROLLOUT_NONSENSE)
+def test_the_schema_refuses_rollout_nonsense(charts: dict[str, Chart], tmp_path: Path, case: str) -> None:
+    chart = charts["hopper"]
+    values = copy.deepcopy(chart.values)
+    ROLLOUT_NONSENSE[case](values)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(values, chart.schema, cls=jsonschema.Draft7Validator)
+    result = run_helm("template", RELEASE, str(chart.root), "-f", str(values_file(tmp_path, values)))
+    assert result.returncode != 0 and "schema" in result.stderr, result.stderr

@@ -29,6 +29,7 @@ from tests.render.test_helm import (
     render_chart,
     run_helm,
     template,
+    values_file,
     wheel_path,
 )
 
@@ -44,12 +45,6 @@ def env_of(item: dict[str, Any]) -> dict[str, dict[str, Any]]:
     names = [e["name"] for e in item.get("env", [])]
     assert len(names) == len(set(names)), f"an env var is given twice (Kubernetes keeps the last): {names}"
     return {e["name"]: e for e in item.get("env", [])}
-
-
-def values_file(directory: Path, values: dict[str, Any]) -> str:
-    path = directory / "values.json"
-    path.write_text(json.dumps(values))  # JSON is YAML
-    return str(path)
 
 
 def template_fails(chart: Chart, *options: str) -> str:
@@ -279,7 +274,7 @@ def test_extra_env_volumes_and_init_containers_reach_the_pod(
         ({"extraVolumeMounts": [{"name": "x", "mountPath": "relative"}]}, "a relative mount path"),
         ({"initContainers": [{"name": "x"}]}, "an init container with no image"),
         ({"enableServiceLinks": "no"}, "not a boolean"),
-        ({"strategy": {"type": "Recreate", "rollingUpdate": {"maxSurge": 0}}}, "Kubernetes refuses it"),
+        ({"rollout": {"maxSurge": 0, "maxUnavailable": 0}}, "Kubernetes refuses a rollout that cannot move"),
         ({"model": {"offline": True, "paths": [], "volumes": [
             {"name": "m", "mountPath": "/m", "source": {"nfs": {"server": "x"}}}]}}, "not a model source"),
         ({"smokeTest": {"resources": {"requets": {}}}}, "a misspelt key"),
@@ -288,7 +283,7 @@ def test_extra_env_volumes_and_init_containers_reach_the_pod(
 def test_the_schema_types_the_extension_points(
     charts: dict[str, Chart], tmp_path: Path, values: dict[str, Any], why: str
 ) -> None:
-    template_fails(charts["turing"], "-f", values_file(tmp_path, values))
+    template_fails(charts["turing"], "-f", str(values_file(tmp_path, values)))
 
 
 def test_service_links_are_off_in_every_pod(charts: dict[str, Chart]) -> None:
@@ -301,7 +296,7 @@ def test_service_links_are_off_in_every_pod(charts: dict[str, Chart]) -> None:
 def test_more_than_one_replica_rolls_one_pod_at_a_time(
     make_profile: Callable[[str, dict[str, Any]], Path], charts: dict[str, Chart], tmp_path: Path
 ) -> None:
-    assert charts["hopper"].values["strategy"] == {"type": "Recreate"}
+    assert "strategy" not in charts["hopper"].values  # decided at install time, from replicaCount
     profile = make_profile("qwen-lora-hopper", {"deploy.replicas": 3})
     chart = render_chart(profile, FACTS_DIR / "h100.json", tmp_path / "out")
     (deployment,) = [d for d in chart.manifests if d["kind"] == "Deployment"]

@@ -278,3 +278,120 @@ Secret; the names travel as environment variables, never through a shell. */}}
 {{- end }}
 {{- end }}
 {{- end -}}
+
+{{/* The Deployment's update strategy, decided by replicaCount at install time (docs/deploy.md, Replicas). More
+than one replica: a rolling update, rollout.maxUnavailable pods at a time with rollout.maxSurge extra (0 by
+default: a surge needs a spare GPU). One replica or none: Recreate, since the old pod's GPUs are not free for
+its successor; with a surge, the new pod comes up before the old one goes (maxUnavailable 0). */}}
+{{- define "deploykit.strategy" -}}
+{{- $surge := int .Values.rollout.maxSurge -}}
+{{- if gt (int .Values.replicaCount) 1 -}}
+type: RollingUpdate
+rollingUpdate:
+  maxSurge: {{ $surge }}
+  maxUnavailable: {{ int .Values.rollout.maxUnavailable }}
+{{- else if gt $surge 0 -}}
+type: RollingUpdate
+rollingUpdate:
+  maxSurge: {{ $surge }}
+  maxUnavailable: 0
+{{- else -}}
+type: Recreate
+{{- end -}}
+{{- end -}}
+
+{{/* The PodDisruptionBudget's maxUnavailable: a drain takes as many pods at a time as a rollout does, and never
+0, which would block every node drain forever. One replica or none: 1 (a drain may take the only pod, as a
+rollout without a surge does); a budget cannot keep one pod serving, it could only stop the drain. */}}
+{{- define "deploykit.disruptionBudget" -}}
+{{- if gt (int .Values.replicaCount) 1 -}}
+{{ max 1 (int .Values.rollout.maxUnavailable) }}
+{{- else -}}
+1
+{{- end -}}
+{{- end -}}
+
+{{/* A group's LeaderWorkerSet: not the release's own name, which its Service (the API) has, because the LWS
+controller makes a headless Service named after the set for its pods' DNS names (LWS_LEADER_ADDRESS is
+`<set>-<group>.<set>.<namespace>`). Its StatefulSets' revision labels (`<set>-<group>-<10-character hash>`)
+must stay within 63 characters: a longer release name fails here rather than in the controller. */}}
+{{- define "deploykit.groupName" -}}
+{{- $name := printf "%s-group" .Release.Name -}}
+{{- if gt (len $name) 49 -}}
+{{- fail (printf "release name %s: a multi-node group's LeaderWorkerSet %s would make names over 63 characters; use a release name of at most 43" .Release.Name $name) -}}
+{{- end -}}
+{{- $name -}}
+{{- end -}}
+
+{{/* The group's commands were planned for deploy.nodes nodes (`--nnodes`); a group.size that says otherwise
+would start pods that never form a world, so the chart refuses it. */}}
+{{- define "deploykit.checkGroup" -}}
+{{- $command := .Values.group.leaderCommand -}}
+{{- $nodes := "" -}}
+{{- range $index, $word := $command -}}
+{{- if and (eq $word "--nnodes") (lt (add1 $index) (len $command)) -}}{{- $nodes = index $command (add1 $index) -}}{{- end -}}
+{{- end -}}
+{{- if ne $nodes (toString .Values.group.size) -}}
+{{- fail (printf "group.size %v: the group's commands were planned for --nnodes %s; change deploy.nodes in the profile and render the chart again" .Values.group.size $nodes) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* How a group's rollout replaces groups: the Deployment's decision (deploykit.strategy), in the
+LeaderWorkerSet's terms. A group is one unit: maxUnavailable groups at a time, maxSurge extra groups. Where the
+Deployment would Recreate (one replica, no surge) the set has no such type: maxUnavailable 1, maxSurge 0 deletes
+the group before its successor is made, which is what Recreate does. */}}
+{{- define "deploykit.groupRollout" -}}
+{{- $strategy := include "deploykit.strategy" . | fromYaml -}}
+{{- with $strategy.rollingUpdate -}}
+maxSurge: {{ int .maxSurge }}
+maxUnavailable: {{ int .maxUnavailable }}
+{{- else -}}
+maxSurge: 0
+maxUnavailable: 1
+{{- end -}}
+{{- end -}}
+
+{{/* A group's worker waits for its leader before vLLM starts. LeaderWorkerSet creates a group's pods together,
+and the leader's address resolves only once its pod has one; a worker whose vLLM asked for the rendezvous too
+early would fail, and RecreateGroupOnPodRestart would recreate the whole group, again and again while the
+leader's image is pulled. So an init container connects to the leader's rendezvous port until it answers, for
+at most group.leaderWaitSeconds; past that it fails, and the group is recreated. Standard library only: it
+needs nothing of deploykit's. The address arrives as an argument, expanded by the kubelet. */}}
+{{- define "deploykit.waitForLeader" -}}
+- name: wait-for-leader
+  image: {{ include "deploykit.vllmImage" . | quote }}
+  imagePullPolicy: {{ .Values.image.pullPolicy | quote }}
+  command:
+    - python3
+    - -c
+    - |-
+      import socket, sys, time
+      host, port, limit = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+      start, last = time.monotonic(), "not tried"
+      while True:
+          try:
+              socket.create_connection((host, port), timeout=5).close()
+          except OSError as error:
+              last = str(error)
+          else:
+              print(f"the leader's rendezvous {host}:{port} answers after {time.monotonic() - start:.0f} s")
+              sys.exit(0)
+          if time.monotonic() - start >= limit:
+              sys.exit(f"the leader's rendezvous {host}:{port} did not answer within {limit:.0f} s ({last})")
+          time.sleep(2)
+    - "$(LWS_LEADER_ADDRESS)"
+    - {{ .Values.group.masterPort | quote }}
+    - {{ .Values.group.leaderWaitSeconds | quote }}
+  env:
+    # A TCP client: no GPU, whatever the image's NVIDIA_VISIBLE_DEVICES says.
+    - name: NVIDIA_VISIBLE_DEVICES
+      value: void
+  resources:
+    requests:
+      cpu: 10m
+      memory: 32Mi
+    limits:
+      memory: 128Mi
+  securityContext:
+    {{- toYaml .Values.securityContext | nindent 4 }}
+{{- end -}}
