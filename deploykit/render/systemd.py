@@ -7,6 +7,7 @@ the same vLLM command by construction.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,7 @@ from deploykit.render.common import (
     plain_env,
 )
 from deploykit.render.on_corruption import LEDGER_DIR, RESTART_EXIT_STATUSES
+from deploykit.render.systemd_group import GroupLaunch, group_launch
 from deploykit.render.unit_gpus import check_prefix_visible, unit_gpus
 
 if TYPE_CHECKING:
@@ -234,12 +236,56 @@ def release_check(plan: Plan, bin_dir: Path) -> str | None:
     return command_line([str(bin_dir / "python"), "-P", "-m", MODULE, "--planned", plan.vllm_version])
 
 
+def worker_unit_name(unit: str, node_rank: int) -> str:
+    """`deploykit-P-worker-R`: the unit node rank R of a multi-node group runs on its host."""
+    return f"{unit}-worker-{node_rank}"
+
+
+def group_context(group: GroupLaunch | None, unit: str) -> dict[str, object] | None:
+    """What the leader's and the workers' templates say about the group; None on one node."""
+    if group is None:
+        return None
+    return {
+        "nodes": group.nodes,
+        "leader_address": group.leader_address,
+        "rendezvous": group.rendezvous,
+        "worker_units": [f"{worker_unit_name(unit, w.node_rank)}.service" for w in group.workers],
+    }
+
+
+def worker_units(
+    group: GroupLaunch | None, context: Mapping[str, object], loaded: LoadedProfile, bin_dir: Path
+) -> list[RenderedFile]:
+    """One unit per worker node: the server unit's user, environment, devices and sandbox (one included
+    template text), the worker's argv, no health wait (it serves no API)."""
+    if group is None:
+        return []
+    template = jinja_environment().get_template("systemd/worker.service.j2")
+    profile, files = loaded.profile, []
+    for worker in group.workers:
+        name = worker_unit_name(str(context["unit"]), worker.node_rank)
+        description = (
+            f"vLLM worker, node {worker.node_rank} of {group.nodes}, serving {profile.served_name} "
+            f"(deploykit profile {profile.name})"
+        )
+        worker_context = {
+            "unit": name,
+            "node_rank": worker.node_rank,
+            "description": escape.systemd_text(description, "model.served_name"),
+            "exec_start": command_line([str(bin_dir / "vllm"), *worker.argv[1:]]),
+        }
+        content = template.render({**context, "worker": worker_context})
+        files.append(RenderedFile(path=f"{name}.service", content=content))
+    return files
+
+
 def render_systemd(plan: Plan, loaded: LoadedProfile, options: SystemdOptions) -> RenderResult:
     from deploykit import __version__
 
     profile = loaded.profile
     if plan.argv[:2] != ["vllm", "serve"]:
         raise RenderError(f"the plan's argv does not start with `vllm serve`: {plan.argv[:2]}")
+    group = group_launch(plan, loaded)  # None on one node
     check_prefix_sees_plugin(options.prefix)
     check_prefix_visible(options.prefix)
     check_prefix_trusted(options.prefix)
@@ -297,13 +343,14 @@ def render_systemd(plan: Plan, loaded: LoadedProfile, options: SystemdOptions) -
     on_corruption += ["--ledger-dir", LEDGER_DIR, "--state-dir", state_dir]
     on_corruption += ["--max-restarts", str(CORRUPTION_MAX_RESTARTS), "--window-s", str(CORRUPTION_WINDOW_S)]
     on_corruption += ["--profile", profile.name]
+    server_argv = group.leader.argv if group else plan.argv
+    node = f", node 0 of {group.nodes}" if group else ""
+    description = f"vLLM serving {profile.served_name}{node} (deploykit profile {profile.name})"
     context = {
         "deploykit_version": __version__,
         "profile_name": profile.name,
         "profile_id": loaded.id,
-        "description": escape.systemd_text(
-            f"vLLM serving {profile.served_name} (deploykit profile {profile.name})", "model.served_name"
-        ),
+        "description": escape.systemd_text(description, "model.served_name"),
         "unit": unit,
         "smoke_unit": smoke_unit,
         "user": escape.systemd_user(profile.deploy.user),
@@ -311,7 +358,7 @@ def render_systemd(plan: Plan, loaded: LoadedProfile, options: SystemdOptions) -
         "state_dir_name": state_dir_name,
         "cache_dir": cache_path,
         "cache_directory": cache_directory,
-        "exec_start": command_line([str(bin_dir / "vllm"), *plan.argv[1:]]),
+        "exec_start": command_line([str(bin_dir / "vllm"), *server_argv[1:]]),
         "wait_health": command_line(wait_health),
         "release_check": release_check(plan, bin_dir),
         "smoke_exec": command_line(smoke_argv),
@@ -338,6 +385,7 @@ def render_systemd(plan: Plan, loaded: LoadedProfile, options: SystemdOptions) -
         ],
         "corruption_max_restarts": CORRUPTION_MAX_RESTARTS,
         "corruption_window_s": CORRUPTION_WINDOW_S,
+        "group": group_context(group, unit),
     }
     jinja = jinja_environment()
     files = [
@@ -365,7 +413,8 @@ def render_systemd(plan: Plan, loaded: LoadedProfile, options: SystemdOptions) -
         RenderedFile(path=f"{profile.name}.yaml", content=loaded.path.read_text()),
         root_helper_file(),
     ]
-    warnings = list(plan.warnings)
+    files += worker_units(group, context, loaded, bin_dir)
+    warnings = list(plan.warnings) + (group.warnings if group else [])
     if plan.platform == "cuda" and not plan.facts.gpus:
         warnings.append(f"no GPU facts: the unit allows GPUs {','.join(map(str, gpus))} by index")
     return RenderResult(files=files, warnings=warnings, gpus=gpus)

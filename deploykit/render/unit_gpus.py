@@ -63,6 +63,7 @@ def unit_gpus(chosen: list[int] | None, count: int, known: int) -> list[int]:
     return chosen
 
 
+_OWN_WORKER = re.compile(r"^-worker-[0-9]+\.service$")  # after the profile's unit name (render/systemd.py)
 _VISIBLE = re.compile(r"^Environment=\"?CUDA_VISIBLE_DEVICES=([0-9,]+)\"?\s*$", re.MULTILINE)
 
 
@@ -72,6 +73,8 @@ def overlapping_units(out: Path, own_unit: str, gpus: list[int]) -> list[str]:
     for other in sorted(out.glob("deploykit-*.service")) if out.is_dir() else []:
         if other.name == f"{own_unit}.service" or other.name.endswith(("-smoke.service", "-canary.service")):
             continue
+        if _OWN_WORKER.match(other.name.removeprefix(own_unit)):
+            continue  # this profile's own worker unit: the same GPUs, on another host of the group
         try:
             text = other.read_text(encoding="utf-8", errors="replace")
         except OSError:

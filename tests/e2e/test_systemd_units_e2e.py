@@ -7,6 +7,11 @@ one request marked `deploykit_test_fault` breaks it for good) and each with an A
 Both start side by side; the tests then run in this order, sharing the two servers (3 vLLM starts in all:
 two at the start, one on the hang's restart, one on the corruption restart):
 
+0. (first, alone, stopped before the two profiles start) a group over two nodes (issue 44): the leader unit
+   and the worker unit of one profile serve the tiny model as one two-node world on this one machine, the
+   worker started first and waiting on vLLM's own rendezvous retry; the smoke passes on the leader; then the
+   worker's rank is killed: the leader fails its next request and exits, both units restart themselves
+   (Restart=always: both exits are status 0) and the group serves again (2 group starts);
 1. each server unit is active only once healthy; its smoke companion ran after it and passed; rows stored;
 5. the two run side by side: their own ports, canary ports, state directories and stores;
 6. hardening in the real run: the service user, writes only to state and cache, the secret in neither ps
@@ -178,25 +183,9 @@ class Deployment:
         wait_for(lambda: self.healthz() == 200, f"{self.canary} /healthz 200", START_S, interval=1.0)
 
 
-def render_and_install(machine: NspawnMachine, out: Path, name: str, port: int) -> Deployment:
-    assert machine.model_cache is not None
-    model_cache = machine.model_cache
-    profile = profile_variant(
-        out,
-        "demo-cpu",
-        {
-            "name": name,
-            "serve.port": port,
-            "serve.api_key_env": "DK_TEST_API_KEY",
-            "serve.extra_args": ["--worker-cls", WORKER_CLS],
-            # the fault worker is imported from the checkout (bound read-only under /opt)
-            "env.PYTHONPATH": CHECKOUT_AT,
-            "env.DEPLOYKIT_MODEL_CACHE": str(model_cache),
-            f"env.{TOKENS_ENV}": {"secret": TOKENS_ENV},
-        },
-    )
-    rendered = out / f"render-{name}"
-    env = {**os.environ, "DEPLOYKIT_MODEL_CACHE": str(model_cache)}
+def render_profile(profile: Path, rendered: Path, machine: NspawnMachine) -> Path:
+    """`deploykit render systemd` of `profile` into `rendered`, for the units' prefix in the container."""
+    env = {**os.environ, "DEPLOYKIT_MODEL_CACHE": str(machine.model_cache)}
     done = subprocess.run(
         [
             f"{sys.prefix}/bin/deploykit",
@@ -215,6 +204,27 @@ def render_and_install(machine: NspawnMachine, out: Path, name: str, port: int) 
         timeout=300,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+    return rendered
+
+
+def render_and_install(machine: NspawnMachine, out: Path, name: str, port: int) -> Deployment:
+    assert machine.model_cache is not None
+    model_cache = machine.model_cache
+    profile = profile_variant(
+        out,
+        "demo-cpu",
+        {
+            "name": name,
+            "serve.port": port,
+            "serve.api_key_env": "DK_TEST_API_KEY",
+            "serve.extra_args": ["--worker-cls", WORKER_CLS],
+            # the fault worker is imported from the checkout (bound read-only under /opt)
+            "env.PYTHONPATH": CHECKOUT_AT,
+            "env.DEPLOYKIT_MODEL_CACHE": str(model_cache),
+            f"env.{TOKENS_ENV}": {"secret": TOKENS_ENV},
+        },
+    )
+    rendered = render_profile(profile, out / f"render-{name}", machine)
     api_key = f"dk-test-secret-{secrets.token_hex(16)}"
     unit = f"deploykit-{name}"
     # docs/deploy.md's install commands, file by file (the same modes).
@@ -259,6 +269,157 @@ def deployments(
 
 def two_rows(d: Deployment) -> bool:
     return len(d.rows()) >= 2
+
+
+# --- 0. a group over two nodes: a leader unit and a worker unit of one profile (issue 44) ------------------
+
+GROUP_NAME = "dk-group"
+GROUP_PORT = 8002
+# Each unit as if on a host of its own (the drop-ins below): its own core, its own address (the container has
+# no route, so vLLM's guess would be 0.0.0.0, which its message queues cannot connect to) and its own /dev/shm
+# (one shared /dev/shm makes vLLM take the other node's rank for a local one and wait for it on an ipc socket
+# in /tmp, which each unit's PrivateTmp= keeps apart: the start hangs, seen here before these lines).
+GROUP_DROPIN = """[Service]
+Environment=VLLM_CPU_OMP_THREADS_BIND={core}
+Environment=VLLM_HOST_IP=127.0.0.1
+TemporaryFileSystem=/dev/shm:mode=1777,nosuid,nodev
+"""
+RENDEZVOUS = "distributed_init_method=tcp://127.0.0.1:29501"
+GROUP_RESTART_S = 300.0  # RestartSec=30 for each unit, and a group start on a loaded 2-core machine
+
+
+def render_and_install_group(machine: NspawnMachine, out: Path) -> tuple[Deployment, str]:
+    """The demo model at tensor parallel 2 over `deploy.nodes: 2`, its leader at 127.0.0.1: the leader's set
+    and the worker's unit installed as docs/deploy.md says, both on this one machine, each with the drop-in
+    above (the one thing the test adds to the rendered units)."""
+    assert machine.model_cache is not None
+    changes = {
+        "name": GROUP_NAME,
+        "serve.port": GROUP_PORT,
+        "serve.api_key_env": "DK_TEST_API_KEY",
+        "serve.tensor_parallel_size": 2,
+        "deploy.nodes": 2,
+        "deploy.leader_address": "127.0.0.1",
+        "env.DEPLOYKIT_MODEL_CACHE": str(machine.model_cache),
+    }
+    rendered = render_profile(profile_variant(out, "demo-cpu", changes), out / "render-group", machine)
+    unit, worker = f"deploykit-{GROUP_NAME}", f"deploykit-{GROUP_NAME}-worker-1"
+    for name in (unit, f"{unit}-smoke", f"{unit}-canary", worker):
+        machine.write_file(f"/etc/systemd/system/{name}.service", (rendered / f"{name}.service").read_text())
+    for name, core in ((unit, 0), (worker, 1)):
+        machine.write_file(
+            f"/etc/systemd/system/{name}.service.d/one-host.conf", GROUP_DROPIN.format(core=core)
+        )
+    machine.write_file(f"/etc/deploykit/{GROUP_NAME}.yaml", (rendered / f"{GROUP_NAME}.yaml").read_text())
+    api_key = f"dk-test-secret-{secrets.token_hex(16)}"
+    example = (rendered / f"{GROUP_NAME}.env.example").read_text()
+    filled = example.replace("VLLM_API_KEY=\n", f"VLLM_API_KEY={api_key}\n")
+    machine.write_file(f"/etc/deploykit/{GROUP_NAME}.env", filled, mode=0o600)
+    machine.write_file(f"/etc/sysusers.d/{unit}.conf", (rendered / f"{unit}.sysusers.conf").read_text())
+    machine.run(["systemd-sysusers"])
+    install_root_helper(machine, rendered)
+    machine.write_file(f"/run/dk-test/{GROUP_NAME}.headers", f"Authorization: Bearer {api_key}\n", mode=0o600)
+    return Deployment(machine, GROUP_NAME, GROUP_PORT, GROUP_PORT + 1400, api_key), f"{worker}.service"
+
+
+def test_a_group_over_two_nodes_serves_from_a_leader_and_a_worker_unit(
+    nspawn_machine: NspawnMachine, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """One group start, then one worker death: the leader exits (status 0) at the next request, both units
+    restart themselves (Restart=always) and the group serves again."""
+    import time
+
+    machine = nspawn_machine
+    make_prefix(machine, PREFIX)
+    d, worker = render_and_install_group(machine, tmp_path_factory.mktemp("systemd-group"))
+    machine.systemctl("daemon-reload")
+    machine.systemctl("enable", d.canary)
+    timeline: list[str] = []
+    started = time.monotonic()
+
+    def seen(what: str) -> None:
+        timeline.append(f"{time.monotonic() - started:5.0f} s  {what}")
+
+    try:
+        # The worker first: its rank dials the rendezvous before anything listens there, and waits (vLLM's
+        # own retry, torch's TCPStore client): no ExecStartPre is needed.
+        machine.systemctl("start", "--no-block", worker)
+        wait_for(lambda: RENDEZVOUS in d.journal(worker), f"{worker} dialing the rendezvous", START_S, 1.0)
+        assert machine.run(["ss", "-Hltn", "sport = :29501"]).stdout.strip() == ""  # no leader yet
+        waiting_pid = d.prop(worker, "MainPID")
+        seen(f"worker's rank 1 dialing 127.0.0.1:29501, nothing listening; {d.prop(worker, 'SubState')}")
+        machine.systemctl("start", "--no-block", d.unit)
+        d.wait_active("the group's first start")
+        seen("leader active (healthy)")
+        d.wait_smoke_passed()
+        seen("smoke passed")
+        # the same worker process that waited joined the world: one world of two ranks, one per unit
+        assert d.prop(worker, "MainPID") == waiting_pid and d.prop(worker, "NRestarts") == "0"
+        assert "world_size=2 rank=0" in d.journal(d.unit) and RENDEZVOUS in d.journal(d.unit)
+        assert "world_size=2 rank=1" in d.journal(worker)
+        assert {user for _, user in service_processes(d, worker)} == {USER}
+        worker_argv = machine.run(["ps", "-o", "args=", "-p", waiting_pid]).stdout
+        assert "--node-rank 1" in worker_argv and worker_argv.rstrip().endswith("--headless"), worker_argv
+        code, text = d.completion({"model": "tiny", "prompt": "hello", "max_tokens": 4, "temperature": 0})
+        assert code == 200, text
+        d.wait_healthy_canary()
+        assert ("smoke", "done", "pass") in d.story(), d.rows()
+
+        # A worker rank dies (SIGKILL, as an OOM kill would): its headless vLLM exits 0 and Restart=always
+        # brings the unit back; the idle leader notices nothing until a request runs on the lost peer.
+        leader_invocation, smoke_before = d.prop(d.unit, "InvocationID"), d.prop(d.smoke, "InvocationID")
+        rank = machine.run(["pgrep", "-P", waiting_pid, "-f", "VLLM::Worker"]).stdout.split()
+        assert len(rank) == 1, rank
+        machine.run(["kill", "-KILL", rank[0]])
+        health = d.http_status(f"http://127.0.0.1:{d.port}/health")
+        seen(f"worker's rank killed (SIGKILL); leader /health {health}")
+        # The next request runs on the lost peer (ours, unless the canary's run came first): the leader's
+        # engine dies and its vLLM exits with status 0.
+        request = [
+            *("curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "120"),
+            *d.authorized(),
+        ]
+        body = json.dumps({"model": "tiny", "prompt": "hello", "max_tokens": 4})
+        request += [
+            "-H",
+            "Content-Type: application/json",
+            "--data-binary",
+            body,
+            f"http://127.0.0.1:{d.port}/v1/completions",
+        ]
+        answer = machine.run(request, check=False, timeout=150)
+        seen(f"a request to the leader: HTTP {answer.stdout or '-'} (curl exit {answer.returncode})")
+        assert answer.stdout != "200"
+        wait_for(lambda: d.prop(worker, "NRestarts") == "1", f"{worker} restarted", GROUP_RESTART_S, 1.0)
+        seen(f"worker restarted by systemd; leader {d.prop(d.unit, 'SubState')}")
+        # both ended with status 0 (Restart=on-failure would restart neither)
+        assert "Deactivated successfully" in d.journal(worker)
+        wait_for(
+            lambda: d.prop(d.unit, "InvocationID") != leader_invocation,
+            f"{d.unit} restarted after losing its peer",
+            GROUP_RESTART_S,
+            1.0,
+        )
+        restarts, canary = d.prop(d.unit, "NRestarts"), d.prop(d.canary, "ActiveState")
+        seen(f"leader restarted by systemd (NRestarts {restarts}); canary {canary}")
+        assert "deploykit-dk-group.service: Deactivated successfully" in d.journal(d.unit)
+        d.wait_active("the group's restart")
+        code, text = d.completion({"model": "tiny", "prompt": "hello", "max_tokens": 4, "temperature": 0})
+        seen(f"leader active again (healthy), a request: HTTP {code}")
+        assert code == 200, text
+        assert d.prop(d.unit, "NRestarts") == "1" and d.prop(worker, "NRestarts") == "1"
+        # the leader's restart pulls its smoke companion in again (Wants=)
+        wait_for(
+            lambda: d.prop(d.smoke, "InvocationID") not in ("", smoke_before),
+            f"{d.smoke} started again",
+            120,
+            1.0,
+        )
+    finally:
+        print("\nsystemd group (leader + worker unit, TP 2 over 2 nodes):\n" + "\n".join(timeline))
+        for unit in (d.unit, worker):
+            machine.systemctl("stop", unit, check=False, timeout=180)
+        machine.systemctl("disable", d.canary, check=False)
 
 
 # --- 1. active means healthy; the smoke companion runs after it and passes; the row is stored -------------
