@@ -1,13 +1,15 @@
 """Fixes active in every rank (issue 44): the status route and the fix check on a real tensor-parallel world.
 
-One world, started once: the tiny model at `--tensor-parallel-size 2` over two vLLM nodes on this machine, in
-vLLM's multi-node mode (the leader `--nnodes 2 --node-rank 0 --master-addr 127.0.0.1`, the other node the same
-with `--node-rank 1 --headless`), each a launch of its own with its own environment, as two hosts are. The
+Two servers, each started once. The first: the tiny model at `--tensor-parallel-size 2` over two vLLM nodes
+on this machine, in vLLM's multi-node mode (the leader `--nnodes 2 --node-rank 0 --master-addr 127.0.0.1`,
+the other node the same with `--node-rank 1 --headless`), each a launch of its own with its own
+environment, as two hosts are. The
 leader's DEPLOYKIT_FIXES names device_penalties and matmul_lora; node 1's names device_penalties only: a node
 started with another environment, the way a rank misses a fix in the field. Nothing in deploykit is told to
 skip a fix, so no switch exists that a production server could trip: the withheld fix is withheld the way
 it is on a real cluster. The route must list both ranks (rank 1 answering from node 1 over the leader's
 RPC), each with device_penalties; `deploykit smoke` must fail naming rank 1 for matmul_lora, and only it.
+The second: one process group at TP 2 on one node, whose two ranks both report the fix and pass the smoke.
 """
 
 from __future__ import annotations
@@ -145,3 +147,46 @@ def test_every_rank_of_a_two_node_world_reports_its_fixes_and_smoke_names_the_on
     assert "rank 1 (tp 1, pp 0, node 1" in " ".join(output.split())  # so does the verdict (however wrapped)
     # Expecting only the fix every rank applied, the same check passes.
     assert fix_case([PENALTIES], read).passed and not fix_case([LORA], read).passed
+
+
+def test_a_single_node_tensor_parallel_server_reports_both_ranks_and_passes_the_smoke(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """One process group at TP 2 on one node (vLLM's CPU build: one core per rank): both ranks answer the
+    status route from node 0, each applied the fix, and `deploykit smoke` expecting it passes, row and all."""
+    store = f"sqlite:///{tmp_path / 'r.sqlite'}"
+    first, second = _cores()
+    args = [
+        *tiny_serve_args(tiny_model_dir),
+        *("--logits-processors", PROCESSOR),
+        "--tensor-parallel-size",
+        "2",
+    ]
+    env = {"DEPLOYKIT_FIXES": PENALTIES, "VLLM_CPU_OMP_THREADS_BIND": f"{first}|{second}"}
+    log_dir = REPO / ".deploykit-cache" / "test-logs"
+    with running_vllm(args, env=env, log_dir=log_dir) as server:
+        status: dict[str, Any] = httpx.get(server.base_url + "/deploykit/status", timeout=60).json()
+        smoke = _deploykit(
+            [
+                "smoke",
+                "--url",
+                server.base_url,
+                "--model",
+                "tiny",
+                "--expect-fixes",
+                PENALTIES,
+                "--store",
+                store,
+            ],
+            command_env(tmp_path),
+        )
+    ranks = sorted(status["engine"], key=lambda record: record["rank"])
+    assert status["world"] == {"size": 2, "tensor_parallel_size": 2, "pipeline_parallel_size": 1, "nnodes": 1}
+    assert status["ranks_unanswered"] == [] and status["engine_error"] is None, status
+    assert [(r["rank"], r["tp_rank"], r["node_rank"]) for r in ranks] == [(0, 0, 0), (1, 1, 0)]
+    assert len({r["pid"] for r in ranks}) == 2  # a worker process per rank
+    assert all(r["fixes_applied"][PENALTIES].startswith("vllm.") for r in ranks), ranks
+    assert list(status["fixes_active"]) == [PENALTIES]
+    assert smoke.returncode == 0, smoke.stdout + smoke.stderr
+    row = _only_row(store)
+    assert row.verdict == "pass" and all(case.passed for case in row.cases), row.diagnosis
