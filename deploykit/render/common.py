@@ -78,6 +78,23 @@ def jinja_environment() -> jinja2.Environment:
     return env
 
 
+def check_node_argv(plan: Plan, node_rank: int, argv: list[str]) -> list[str]:
+    """One node's argv of a group against the target vLLM's option table (deploykit.vllm_options), as
+    `deploykit plan` checks the plan's own: RenderError when rejected, a warning when it cannot be checked."""
+    from deploykit.vllm_args import ArgvRejected
+    from deploykit.vllm_options import OptionTableUnavailable, check_serve_argv
+
+    try:
+        check_serve_argv(argv, vllm_version=plan.vllm_version)
+    except ArgvRejected as exc:
+        raise RenderError(
+            f"node {node_rank}'s argv is rejected by the parser of vLLM {plan.vllm_version}: {exc}"
+        ) from None
+    except OptionTableUnavailable as exc:
+        return [f"the group's node argvs were not checked: {exc}"]
+    return []
+
+
 def plan_for_render(
     loaded: LoadedProfile, facts: ProbeFacts, overrides: dict[str, FixMode] | None = None
 ) -> Plan:

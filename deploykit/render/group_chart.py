@@ -26,6 +26,20 @@ LEADER_ADDRESS = "$(LWS_LEADER_ADDRESS)"
 WORKER_INDEX = "$(LWS_WORKER_INDEX)"
 
 
+def checked_group(plan: Plan) -> list[str]:
+    """The leader's and a worker's argv as a pod of the group runs them (placeholders filled as the kubelet
+    would: a worker index, the leader's name), each checked against the target vLLM's option table."""
+    from deploykit.render.common import check_node_argv
+
+    if plan.layout.nodes == 1:
+        return []
+    warnings: list[str] = []
+    for rank in (0, 1):
+        role = NodeRole(node_rank=str(rank), master_addr="leader-0.group", leader=rank == 0)
+        warnings += check_node_argv(plan, rank, node_argv(plan.argv, plan.layout, role))
+    return sorted(set(warnings), key=warnings.index)
+
+
 def group_values(plan: Plan, loaded: LoadedProfile, command: Sequence[str]) -> dict[str, Any] | None:
     """The `group` values for a plan whose group spans nodes; None on one node (the chart's Deployment).
 

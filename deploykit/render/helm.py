@@ -28,7 +28,7 @@ from deploykit.render.common import (
     plain_env,
     template_root,
 )
-from deploykit.render.group_chart import group_values
+from deploykit.render.group_chart import checked_group, group_values
 from deploykit.render.model_source import model_values
 from deploykit.render.plugin_wheel import PluginWheel, build_plugin_wheel
 
@@ -383,7 +383,7 @@ def chart_values(plan: Plan, loaded: LoadedProfile, wheel: PluginWheel) -> tuple
     group = group_values(plan, loaded, command)
     if group is not None:  # a group over several nodes: a LeaderWorkerSet (templates/leaderworkerset.yaml)
         values["group"] = group
-    return values, [*warnings, *affinity_warnings, *model_warnings]
+    return values, [*warnings, *affinity_warnings, *model_warnings, *checked_group(plan)]
 
 
 def chart_files(root: Path) -> list[RenderedFile]:

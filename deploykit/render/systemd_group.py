@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from deploykit import net
 from deploykit.plan.group import NodeRole, master_port, node_argv
-from deploykit.render.common import RenderError
+from deploykit.render.common import RenderError, check_node_argv
 
 if TYPE_CHECKING:
     from deploykit.plan import Plan
@@ -88,7 +88,7 @@ def group_launch(plan: Plan, loaded: LoadedProfile) -> GroupLaunch | None:
         role = NodeRole(node_rank=str(rank), master_addr=address, leader=rank == 0)
         launches.append(NodeLaunch(node_rank=rank, argv=node_argv(plan.argv, layout, role)))
     for launch in launches:
-        warnings += _checked(plan, launch)
+        warnings += check_node_argv(plan, launch.node_rank, launch.argv)
     return GroupLaunch(
         nodes=layout.nodes,
         leader_address=address,
@@ -97,20 +97,3 @@ def group_launch(plan: Plan, loaded: LoadedProfile) -> GroupLaunch | None:
         workers=launches[1:],
         warnings=sorted(set(warnings), key=warnings.index),
     )
-
-
-def _checked(plan: Plan, launch: NodeLaunch) -> list[str]:
-    """`launch`'s argv against the target vLLM's option table (deploykit.vllm_options), as `deploykit plan`
-    checks the plan's: RenderError when rejected, a warning when it cannot be checked here."""
-    from deploykit.vllm_args import ArgvRejected
-    from deploykit.vllm_options import OptionTableUnavailable, check_serve_argv
-
-    try:
-        check_serve_argv(launch.argv, vllm_version=plan.vllm_version)
-    except ArgvRejected as exc:
-        raise RenderError(
-            f"node {launch.node_rank}'s argv is rejected by the parser of vLLM {plan.vllm_version}: {exc}"
-        ) from None
-    except OptionTableUnavailable as exc:
-        return [f"the group's node argvs were not checked: {exc}"]
-    return []

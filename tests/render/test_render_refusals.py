@@ -91,3 +91,20 @@ def test_the_unit_opens_the_world_sizes_gpus(tmp_path: Path) -> None:
 def test_a_profile_whose_requires_pass_renders(tmp_path: Path) -> None:
     done = render("helm", PROFILES / "qwen-lora-hopper.yaml", "h100.json", tmp_path / "out")
     assert done.returncode == 0, done.stderr
+
+
+def test_the_charts_group_argvs_are_checked_against_the_target_option_table(tmp_path: Path) -> None:
+    """A one-node chart carries the argv as `deploykit plan` checked it; a group's leader and worker argvs
+    (the plan's with vLLM's node flags) are checked against vLLM 0.33.0's table too, and refused."""
+    changes = {
+        "serve.tensor_parallel_size": 8,
+        "serve.pipeline_parallel_size": 2,
+        "deploy.nodes": 2,
+        "serve.extra_args": ["--no-such-flag"],
+    }
+    refused = render(
+        "helm", profile_variant(tmp_path, "qwen-lora-hopper", changes), "h100x8.json", tmp_path / "o"
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert "node 0's argv is rejected by the parser of vLLM 0.33.0" in refused.stderr
+    assert "--no-such-flag" in refused.stderr and not (tmp_path / "o").exists()
