@@ -12,14 +12,17 @@ a Pod's annotation longer than 63 characters, so the two digests that roll the p
 edits of tests/e2e/test_helm_pod_e2e.py (the local image, the host's venv read-only, world-writable emptyDirs
 as kubelet makes them, the API key file, no `ports` lists) and one core per pod (VLLM_CPU_OMP_THREADS_BIND:
 two vLLM CPU ranks on one core each, as docs/vllm-cpu notes say), and OnFailure for the worker pod (podman
-4.3 gives init containers the pod's restart policy). The model is the release's own volume, as in the pod
+4.3 gives init containers the pod's restart policy), and the leader's DEPLOYKIT_FIXES one fix longer than
+the worker's (WITHHELD). The model is the release's own volume, as in the pod
 test. The rendered argv, probes, init container, canary and volumes are played as rendered.
 
 What it shows:
   - the worker, started first, waits in its init container while nothing listens, and its vLLM starts only
     once the leader's rendezvous answers; the two form one world (the leader's /health answers);
   - the chart's smoke (`deploykit smoke`, the `helm test` command, run in the leader pod) passes;
-  - `GET /deploykit/status` on the leader answers for both ranks, one in each pod, with the planned fix;
+  - `GET /deploykit/status` on the leader answers for both ranks, one in each pod, with the planned fix; the
+    leader's vLLM started with one fix more than the worker's (WITHHELD), `deploykit smoke` expecting it
+    fails naming rank 1 in the worker pod;
   - the worker killed, the leader's readiness probe (as rendered, run in its vLLM container) fails: the leader
     leaves the Service while LeaderWorkerSet recreates the group (RecreateGroupOnPodRestart, which no
     controller plays here).
@@ -66,6 +69,9 @@ from tests.vllm_harness import REPO
 pytestmark = pytest.mark.e2e
 
 FIX = "device_penalties"
+# The leader's vLLM is started with one fix more than the worker's (an edit of the played copy): a node
+# started from another environment, the way a rank misses a fix in the field. The fix check names its rank.
+WITHHELD = "matmul_lora"
 KEY_ENV = "DK_GROUP_API_KEY"
 RELEASE = "vllm"
 SET = f"{RELEASE}-group"  # the chart's LeaderWorkerSet
@@ -181,6 +187,10 @@ def playable(
     expand_env_references(spec)  # the kubelet's $(LWS_*) in the rendered commands
     vllm = next(c for c in spec["containers"] if c["name"] == "vllm")
     vllm["env"].append({"name": "VLLM_CPU_OMP_THREADS_BIND", "value": core})
+    if index == 0:  # the leader: one fix the worker lacks (WITHHELD)
+        (fixes,) = [item for item in vllm["env"] if item["name"] == "DEPLOYKIT_FIXES"]
+        assert fixes["value"] == FIX, fixes
+        fixes["value"] = f"{FIX},{WITHHELD}"
     for volume in spec["volumes"]:
         if volume["name"] == "canary-key":  # podman 4.3 panics on a secret volume with items (pod test)
             directory = tmp / name / "secret"
@@ -349,6 +359,27 @@ def test_the_status_answers_for_both_ranks_one_in_each_pod(group: Group) -> None
     for rank in ranks:
         assert FIX in (rank.get("fixes_applied") or {}), json.dumps(rank)
     assert str(status["fixes_active"].get(FIX)).startswith("vllm."), json.dumps(status)
+    by_host = {r["hostname"]: r for r in ranks}
+    assert (
+        WITHHELD in by_host[LEADER_POD]["fixes_applied"]
+        and WITHHELD not in by_host[WORKER_POD]["fixes_applied"]
+    )
+    assert WITHHELD not in status["fixes_active"]  # active means in every rank
+
+
+def test_the_fix_check_names_the_rank_in_the_pod_that_lacks_a_fix(group: Group) -> None:
+    """`deploykit smoke` expecting the fix the worker's node was started without fails, naming rank 1 in the
+    worker pod (and only that fix: every rank applied the other)."""
+    smoke = [
+        "python3", "-m", "deploykit", "smoke", "--url", f"http://127.0.0.1:{group.port}",
+        "--profile", "/etc/deploykit/profile.yaml", "--expect-fixes", f"{FIX},{WITHHELD}", "--no-store",
+    ]  # fmt: skip
+    done = group.runtime.exec(group.container(group.leader, "canary"), smoke, timeout=300)
+    said = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 1, said[-4000:]
+    named = f"{WITHHELD}: requested, but rank 1 (tp 1, pp 0, node 1, host {WORKER_POD}) did not apply it"
+    assert named in said, said[-4000:]
+    assert f"{FIX}: requested" not in said
 
 
 def test_the_worker_gone_takes_the_leader_out_of_the_service(group: Group) -> None:
