@@ -14,6 +14,9 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from deploykit.results.record import ResultRecord
+from deploykit.results.sql.store import open_store
+
 PG_URL = os.environ.get(
     "DEPLOYKIT_TEST_PG_URL", "postgresql+psycopg://deploykit:deploykit@127.0.0.1:5432/deploykit_test"
 )
@@ -247,3 +250,14 @@ def completion_streams(base_url: str, count: int, model: str = "tiny") -> Iterat
         stop.set()
         for thread in threads:
             thread.join(timeout=300)
+
+
+def only_row(url: str) -> ResultRecord:
+    """The attempt's one row; the in-process canary's own rows (serving mode) are not the attempt's."""
+    store = open_store(url)
+    try:
+        rows = [r for r in store.recent(limit=100) if r.command != "canary"]
+    finally:
+        store.close()
+    assert len(rows) == 1, [r.diagnosis for r in rows]
+    return rows[0]

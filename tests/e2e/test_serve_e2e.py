@@ -26,14 +26,13 @@ from typing import Any
 import pytest
 
 from deploykit.net import free_port, port_in_use
-from deploykit.results.record import ResultRecord
-from deploykit.results.sql.store import open_store
 from tests.profile_variants import profile_variant
 from tests.serve_helpers import (
     CommandRun,
     dump_store,
     fresh_pg_url,
     group_members,
+    only_row,
     read_proc,
 )
 
@@ -66,17 +65,6 @@ def demo_variant(tmp: Path, name: str, **changes: Any) -> Path:
     """The demo profile renamed, with fields replaced (`model__source=...` sets model.source)."""
     dotted = {key.replace("__", "."): value for key, value in changes.items()}
     return profile_variant(tmp, "demo-cpu", {"name": name, **dotted})
-
-
-def only_row(url: str) -> ResultRecord:
-    """The attempt's one row; the in-process canary's own rows (serving mode) are not the attempt's."""
-    store = open_store(url)
-    try:
-        rows = [r for r in store.recent(limit=100) if r.command != "canary"]
-    finally:
-        store.close()
-    assert len(rows) == 1, [r.diagnosis for r in rows]
-    return rows[0]
 
 
 def assert_nothing_left(run: CommandRun) -> None:

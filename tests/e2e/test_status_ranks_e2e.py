@@ -28,11 +28,10 @@ import pytest
 
 from deploykit.fixes.penalties import PROCESSOR
 from deploykit.net import free_port
-from deploykit.results.record import ResultRecord
-from deploykit.results.sql.store import open_store
 from deploykit.serve.launch import read_tail, start_server
 from deploykit.smoke.fix_check import fix_case, read_status
 from tests.e2e.test_serve_e2e import command_env
+from tests.serve_helpers import only_row
 from tests.vllm_harness import REPO, RunningServer, base_env, running_vllm, tiny_serve_args, vllm_executable
 
 pytestmark = pytest.mark.e2e
@@ -88,15 +87,6 @@ def _deploykit(args: Sequence[str], env: Mapping[str, str]) -> subprocess.Comple
     )
 
 
-def _only_row(store_url: str) -> ResultRecord:
-    store = open_store(store_url)
-    try:
-        (row,) = store.recent(limit=10)
-    finally:
-        store.close()
-    return row
-
-
 def test_every_rank_of_a_two_node_world_reports_its_fixes_and_smoke_names_the_one_that_lacks_one(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -140,7 +130,7 @@ def test_every_rank_of_a_two_node_world_reports_its_fixes_and_smoke_names_the_on
         f"{LORA}: requested, but rank 1 (tp 1, pp 0, node 1, host {ranks[1]['hostname']}) did not apply it "
         f"(its DEPLOYKIT_FIXES is {PENALTIES})"
     )
-    row = _only_row(store)
+    row = only_row(store)
     assert named in row.diagnosis, row.diagnosis
     assert f"{PENALTIES}:" not in row.diagnosis  # every rank applied that one
     assert [c.name for c in row.cases if not c.passed] == ["fixes"]  # the TP 2 world answers correctly
@@ -188,5 +178,5 @@ def test_a_single_node_tensor_parallel_server_reports_both_ranks_and_passes_the_
     assert all(r["fixes_applied"][PENALTIES].startswith("vllm.") for r in ranks), ranks
     assert list(status["fixes_active"]) == [PENALTIES]
     assert smoke.returncode == 0, smoke.stdout + smoke.stderr
-    row = _only_row(store)
+    row = only_row(store)
     assert row.verdict == "pass" and all(case.passed for case in row.cases), row.diagnosis

@@ -18,7 +18,6 @@ from deploykit.plan.layout import ParallelLayout, parallel_layout
 from deploykit.probe.facts import ProbeFacts
 from deploykit.profile.load import load_profile, parse_profile
 from deploykit.render.common import gpu_count
-from deploykit.results.sql.store import open_store
 from deploykit.serve import attempt as attempt_module
 from deploykit.serve import stages as stages_module
 from deploykit.serve.attempt import run_serve
@@ -26,6 +25,7 @@ from deploykit.serve.console import ConsoleUI
 from deploykit.serve.options import ServeOptions
 from deploykit.trace.run import TraceOptions, run_trace
 from tests.profile_variants import profile_variant
+from tests.serve_helpers import only_row
 from tests.vllm_harness import REPO
 
 FACTS_DIR = REPO / "tests" / "fixtures" / "facts"
@@ -207,11 +207,7 @@ def test_serve_and_trace_refuse_a_multi_node_group_before_any_model_loads(
     store_url = f"sqlite:///{tmp_path / 'results.sqlite'}"
     options = {"profile": str(profile), "store_url": store_url, "log_dir": tmp_path / "logs"}
     assert command(options) == exit_codes.USAGE
-    store = open_store(store_url)
-    try:
-        (record,) = store.recent(limit=10)
-    finally:
-        store.close()
+    record = only_row(store_url)
     assert (record.verdict, record.stage) == ("error", "plan")
     assert record.diagnosis.startswith(
         "refused: a group over several nodes is not served from one host: deploy.nodes is 2"

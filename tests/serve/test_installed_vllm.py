@@ -11,14 +11,13 @@ import pytest
 
 from deploykit import exit_codes
 from deploykit.installed import installed_vllm_version
-from deploykit.results.record import ResultRecord
-from deploykit.results.sql.store import open_store
 from deploykit.serve import attempt as attempt_module
 from deploykit.serve.attempt import run_serve
 from deploykit.serve.console import ConsoleUI
 from deploykit.serve.options import ServeOptions
 from tests.cli_process import run_deploykit
 from tests.profile_variants import profile_variant
+from tests.serve_helpers import only_row
 from tests.vllm_harness import REPO
 
 PINNED = "0.33.0"  # a release this checkout's venv (vLLM 0.32.0+cpu) does not have
@@ -32,15 +31,6 @@ def no_model_loads(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(attempt_module, "ensure_model", tripwire)
 
 
-def stored(store_url: str) -> ResultRecord:
-    store = open_store(store_url)
-    try:
-        (record,) = store.recent(limit=10)
-    finally:
-        store.close()
-    return record
-
-
 def test_serve_refuses_another_release_and_stores_the_row(tmp_path: Path, no_model_loads: None) -> None:
     installed = installed_vllm_version()
     assert installed is not None and not installed.startswith(PINNED)
@@ -51,7 +41,7 @@ def test_serve_refuses_another_release_and_stores_the_row(tmp_path: Path, no_mod
         ConsoleUI(quiet=True),
     )
     assert code == exit_codes.USAGE
-    record = stored(store_url)
+    record = only_row(store_url)
     assert (record.verdict, record.stage) == ("error", "plan"), record.diagnosis
     assert f"vllm_version is {PINNED}" in record.diagnosis and installed in record.diagnosis
     assert record.versions["vllm"] == installed
