@@ -36,7 +36,8 @@ from typing import IO, Literal
 
 MANIFEST_NAME = ".deploykit-render.json"
 _TEMP_PREFIX = ".deploykit-writing-"
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+DIR_NO_LINK = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+"""os.open flags for a directory that must not be reached through a symbolic link (ELOOP if it is one)."""
 
 
 class WriteRefused(Exception):
@@ -80,11 +81,11 @@ def _open_dir(name: str, parent_fd: int, where: Path, created: list[tuple[int, s
     """The directory `name` below `parent_fd`, opened without following a link; created 0755 when missing
     (and noted in `created`, so a failed set removes it again)."""
     try:
-        return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+        return os.open(name, DIR_NO_LINK, dir_fd=parent_fd)
     except FileNotFoundError:
         os.mkdir(name, 0o755, dir_fd=parent_fd)
         created.append((parent_fd, name))
-        return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+        return os.open(name, DIR_NO_LINK, dir_fd=parent_fd)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             raise WriteRefused(
@@ -217,7 +218,7 @@ def _clean_debris(out_fd: int) -> None:
         elif time.time() - info.st_mtime < _OLD_DEBRIS_S:
             continue
         with contextlib.suppress(OSError):
-            debris_fd = os.open(name, _DIR_FLAGS, dir_fd=out_fd)
+            debris_fd = os.open(name, DIR_NO_LINK, dir_fd=out_fd)
             try:
                 for leftover in os.listdir(debris_fd):
                     with contextlib.suppress(OSError):
@@ -250,7 +251,7 @@ def _write_all(
     _clean_debris(out_fd)
     temp_name = f"{_TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(6)}"
     os.mkdir(temp_name, 0o700, dir_fd=out_fd)
-    temp_fd = os.open(temp_name, _DIR_FLAGS, dir_fd=out_fd)
+    temp_fd = os.open(temp_name, DIR_NO_LINK, dir_fd=out_fd)
     staged: list[str] = []
     try:
         manifest_file = OutFile(

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, overload
 
+from deploykit.files import DIR_NO_LINK, make_private_dirs
 from deploykit.untrusted_text import terminal_text
 
 if TYPE_CHECKING:
@@ -59,7 +60,6 @@ bounded (a planted 600 MiB file was read whole, then parsed: 2.5 GB)."""
 
 _ROW_NAME = re.compile(r"[0-9a-f]{32}" + re.escape(SUFFIX))
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | _CLOEXEC
 _WRITING_PREFIX = ".writing-"
 
@@ -205,8 +205,6 @@ def _trusted_dir(directory: Path, *, create: bool) -> int | None:
     """`directory` opened (a descriptor the caller closes) when it is a spool this process may trust: a
     directory, not a link, owned by the effective user, no group or other bits. `create`: made 0700 when
     missing (its parents too); else None when missing. SpoolRefused (one line) for anything else."""
-    from deploykit.files import make_private_dirs
-
     if create:
         make_private_dirs(directory.parent)
     try:
@@ -220,7 +218,7 @@ def _trusted_dir(directory: Path, *, create: bool) -> int | None:
             with contextlib.suppress(FileExistsError):
                 os.mkdir(directory.name, 0o700, dir_fd=parent_fd)
         try:
-            dir_fd = os.open(directory.name, _DIR_FLAGS, dir_fd=parent_fd)
+            dir_fd = os.open(directory.name, DIR_NO_LINK, dir_fd=parent_fd)
         except FileNotFoundError:
             if create:
                 raise
