@@ -42,6 +42,7 @@ from deploykit.canary.defaults import NAN_COUNTER_ENV  # noqa: E402
 from deploykit.canary.rotation import rotation_for  # noqa: E402
 from deploykit.canary.runner import Canary, CanaryConfig  # noqa: E402
 from deploykit.canary.settings import DEFAULTS, CanarySettings  # noqa: E402
+from deploykit.endpoint import Endpoint  # noqa: E402
 from deploykit.profile.load import load_profile  # noqa: E402
 from tests.vllm_harness import RunningServer, running_vllm  # noqa: E402
 
@@ -80,9 +81,8 @@ class ProbeSet:
         from deploykit.smoke.fingerprint_probe import take_fingerprint
 
         started = time.monotonic()
-        take_fingerprint(
-            base_url, self.served_name, dtype="float32", top_k=self.top_k, timeout_s=300, readings=1
-        )
+        endpoint = Endpoint(base_url, request_deadline_s=300)
+        take_fingerprint(endpoint, self.served_name, dtype="float32", top_k=self.top_k, readings=1)
         return time.monotonic() - started
 
 
@@ -158,7 +158,7 @@ def server_tpot(change: dict[str, float]) -> float:
 def canary_for(server: RunningServer, subject: Subject, every_s: float) -> Canary:
     profile = load_profile(subject.profile).profile
     config = CanaryConfig(
-        url=server.base_url,
+        endpoint=Endpoint(server.base_url),
         served_name=subject.served_name,
         cases=rotation_for(profile),
         settings=CanarySettings(every_s=every_s, timeout_s=300, metrics_every_s=0),
@@ -173,7 +173,7 @@ def canary_loop(canary: Canary, probes: ProbeSet, stop: threading.Event) -> None
     next_at = time.monotonic()
     while not stop.is_set():
         canary.run_once()
-        probes.read(canary.config.url)
+        probes.read(canary.config.endpoint.url)
         next_at = max(next_at + canary.config.settings.every_s, time.monotonic())
         stop.wait(max(0.0, next_at - time.monotonic()))
 

@@ -269,15 +269,15 @@ def soak(server: RunningServer, subject: Subject, dtype: str, top_k: int, second
     from deploykit.canary.rotation import rotation_for
     from deploykit.canary.runner import Canary, CanaryConfig
     from deploykit.canary.settings import CanarySettings
+    from deploykit.endpoint import Endpoint
     from deploykit.profile.load import load_profile
     from deploykit.results.baseline import Baseline
     from deploykit.results.judge import judge_against
     from deploykit.smoke.fingerprint_probe import take_fingerprint
 
     host = socket.gethostname()
-    baseline_fp = take_fingerprint(
-        server.base_url, server.served_name, dtype=dtype, top_k=top_k, timeout_s=300
-    )
+    endpoint = Endpoint(server.base_url, request_deadline_s=300)
+    baseline_fp = take_fingerprint(endpoint, server.served_name, dtype=dtype, top_k=top_k)
     baseline = Baseline(
         id=1,
         key="bench",
@@ -291,7 +291,7 @@ def soak(server: RunningServer, subject: Subject, dtype: str, top_k: int, second
     result = Soak(seconds, tolerance=baseline_fp.tolerance)
     canary = Canary(
         CanaryConfig(
-            url=server.base_url,
+            endpoint=Endpoint(server.base_url),
             served_name=server.served_name,
             cases=rotation_for(load_profile(subject.profile).profile),
             settings=CanarySettings(every_s=1.0, timeout_s=300, metrics_every_s=0),
@@ -307,7 +307,7 @@ def soak(server: RunningServer, subject: Subject, dtype: str, top_k: int, second
             if summary.outcome != "pass":
                 result.rotation_failures.append(f"{summary.case}: {summary.report.diagnosis[:200]}")
             reading: Fingerprint = take_fingerprint(
-                server.base_url, server.served_name, dtype=dtype, top_k=top_k, timeout_s=300, readings=1
+                endpoint, server.served_name, dtype=dtype, top_k=top_k, readings=1
             )
             result.readings += 1
             comparison = judge_against(reading, baseline, None, host)

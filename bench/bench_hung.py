@@ -27,10 +27,12 @@ sys.path.insert(0, str(REPO))
 
 from bench.benchmarks_doc import DOCS, write_section  # noqa: E402
 from deploykit.canary.defaults import HUNG_AFTER_S  # noqa: E402
-from deploykit.canary.progress import ProgressReading  # noqa: E402
 from deploykit.canary.rotation import rotation_for  # noqa: E402
 from deploykit.canary.runner import Canary, CanaryConfig  # noqa: E402
+from deploykit.canary.runtime import CanaryRuntime  # noqa: E402
+from deploykit.canary.server_page import ServerPage  # noqa: E402
 from deploykit.canary.settings import CanarySettings  # noqa: E402
+from deploykit.endpoint import Endpoint  # noqa: E402
 from deploykit.tinymodel import build_tiny_model  # noqa: E402
 from tests.e2e.fault_worker import FAULT_KEY, TOKENS_ENV, WORKER_CLS  # noqa: E402
 from tests.serve_helpers import completion_streams  # noqa: E402
@@ -40,7 +42,7 @@ from tests.vllm_harness import running_vllm, tiny_serve_args  # noqa: E402
 def canary_for(url: str, every_s: float) -> Canary:
     return Canary(
         CanaryConfig(
-            url=url,
+            endpoint=Endpoint(url),
             served_name="tiny",
             cases=rotation_for(None),
             settings=CanarySettings(every_s=every_s, timeout_s=30.0, metrics_every_s=0),
@@ -50,33 +52,28 @@ def canary_for(url: str, every_s: float) -> Canary:
 
 
 def busy(url: str, seconds: float) -> tuple[int, float, int]:
-    """(readings, the longest wait without a token seen, hung verdicts) under 8 streams."""
+    """(readings, the longest wait without work seen, hung verdicts) under 8 streams."""
     canary = canary_for(url, 60.0)
-    poller = canary.progress_poller()
-    assert poller is not None
     longest = 0.0
     readings = 0
+    take_page = canary.take_page
 
-    def on_reading(reading: ProgressReading | None) -> None:
+    def measured(page: ServerPage, now: float | None = None) -> None:
         nonlocal longest, readings
-        canary.observe_progress(reading)
-        if reading is not None:
+        take_page(page, now)
+        if page.progress is not None:
             readings += 1
             with canary._lock:
                 waiting = canary._waiting_since if canary._run_since is not None else None
                 stalled = canary.progress.stalled_for(time.monotonic(), waiting)
             longest = max(longest, stalled or 0.0)
 
-    poller.on_reading = on_reading
-    stop = threading.Event()
+    canary.take_page = measured  # type: ignore[method-assign]
+    runtime = CanaryRuntime(canary)
     with completion_streams(url, 8) as errors:
-        thread = poller.start(stop)
-        canary_thread = threading.Thread(target=canary.run_forever, args=(stop,), daemon=True)
-        canary_thread.start()
+        runtime.start()
         time.sleep(seconds)
-        stop.set()
-        thread.join(30)
-        canary_thread.join(30)
+        runtime.close()
     assert not errors, errors[:3]
     hung = int(canary.metrics.hung._value.get()) + (1 if canary.state.hung else 0)
     return readings, longest, hung
@@ -89,11 +86,8 @@ def hang(url: str) -> float:
     canary = canary_for(url, 2.0)
     hung_at: list[float] = []
     canary.on_hung = lambda diagnosis: hung_at.append(time.monotonic())
-    stop = threading.Event()
-    poller = canary.progress_poller()
-    assert poller is not None
-    poller.start(stop)
-    threading.Thread(target=canary.run_forever, args=(stop,), daemon=True).start()
+    runtime = CanaryRuntime(canary)
+    runtime.start()
     time.sleep(5)  # a few healthy runs first
     trigger = {"model": "tiny", "prompt": "hello", "max_tokens": 2, "vllm_xargs": {FAULT_KEY: "hang"}}
 
@@ -106,7 +100,7 @@ def hang(url: str) -> float:
     deadline = sent + HUNG_AFTER_S + 300
     while not hung_at and time.monotonic() < deadline:
         time.sleep(0.2)
-    stop.set()
+    runtime.stop()
     assert hung_at, "no hung verdict"
     return hung_at[0] - sent
 

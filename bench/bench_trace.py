@@ -35,6 +35,7 @@ TITLE = "`deploykit trace` against the same smoke untraced (bench/bench_trace.py
 
 
 def untraced(max_tokens: int, log_dir: Path) -> dict[str, float]:
+    from deploykit.endpoint import Endpoint
     from deploykit.net import free_port
     from deploykit.plan import make_plan
     from deploykit.probe.load import probe
@@ -57,9 +58,8 @@ def untraced(max_tokens: int, log_dir: Path) -> dict[str, float]:
         cases = trace_cases(loaded.profile, None, None, max_tokens)
         requests = smoke_requests(cases, loaded.profile.served_name)
         requests_started = time.perf_counter()
-        results, _ = send_cases(
-            server.base_url, requests, timeout_s=120, api_key=None, special_ids=frozenset()
-        )
+        endpoint = Endpoint(server.base_url, request_deadline_s=120)
+        results, _ = send_cases(endpoint, requests, special_ids=frozenset())
         requests_s = time.perf_counter() - requests_started
         assert results and all(r.passed for r in results), [r.diagnosis for r in results]
     finally:

@@ -28,6 +28,7 @@ from deploykit.smoke.fingerprint import (
 from deploykit.smoke.models import CaseResult, SmokeReport
 
 if TYPE_CHECKING:
+    from deploykit.endpoint import Endpoint
     from deploykit.plan import Plan
     from deploykit.profile.schema import LoadedProfile, Profile
 
@@ -136,15 +137,13 @@ class FingerprintCheck:
 
 def fingerprint_case(
     check: FingerprintCheck,
-    base_url: str,
+    endpoint: Endpoint,
     served_name: str,
     *,
-    timeout_s: float,
-    api_key: str | None,
     readings: int,
 ) -> tuple[CaseResult, Fingerprint | None]:
-    """Take the fingerprint, compare it with its key's baseline: one smoke case, and the fingerprint (with
-    its comparison) for the row."""
+    """Take the fingerprint (each probe within the endpoint's request deadline), compare it with its key's
+    baseline: one smoke case, and the fingerprint (with its comparison) for the row."""
     import time
 
     from deploykit.smoke.fingerprint_probe import ProbeFailed, ProbeUnstable
@@ -154,12 +153,12 @@ def fingerprint_case(
         name=CASE_NAME, kind=CASE_NAME, endpoint="/v1/completions", model=served_name, passed=False
     )
     try:
-        fingerprint = _take(check, base_url, served_name, timeout_s, api_key, readings)
+        fingerprint = _take(check, endpoint, served_name, readings)
         comparison = _compare_in_store(check, fingerprint)
         if comparison.verdict == "new" and readings < 2:
             # This reading would become the key's baseline (a canary's first run): a baseline's tolerance
             # must rest on measured noise, never on one reading's zero, so it is taken as the smoke takes it.
-            fingerprint = _take(check, base_url, served_name, timeout_s, api_key, 2)
+            fingerprint = _take(check, endpoint, served_name, 2)
             comparison = _compare_in_store(check, fingerprint)
     except ProbeFailed as exc:
         case.diagnosis, case.miss = f"the probe set could not be read: {exc}", exc.miss
@@ -184,23 +183,14 @@ def fingerprint_case(
     return case, fingerprint
 
 
-def _take(
-    check: FingerprintCheck,
-    base_url: str,
-    served_name: str,
-    timeout_s: float,
-    api_key: str | None,
-    readings: int,
-) -> Fingerprint:
+def _take(check: FingerprintCheck, endpoint: Endpoint, served_name: str, readings: int) -> Fingerprint:
     from deploykit.smoke.fingerprint_probe import take_fingerprint
 
     fingerprint = take_fingerprint(
-        base_url,
+        endpoint,
         served_name,
         dtype=check.dtype,
         top_k=check.top_k,
-        timeout_s=timeout_s,
-        api_key=api_key,
         readings=readings,
         tolerance_override=check.tolerance,
     )
@@ -231,9 +221,8 @@ def _compare_in_store(check: FingerprintCheck, fingerprint: Fingerprint) -> Comp
 
 def check_for_server(
     loaded: LoadedProfile,
-    base_url: str,
+    endpoint: Endpoint,
     *,
-    api_key: str | None,
     store_url: str | None,
     store: bool = True,
     facts_file: str | None = None,
@@ -263,7 +252,7 @@ def check_for_server(
     if ask_fixes:
         from deploykit.smoke.fix_check import read_status
 
-        fixes_active = read_status(base_url, timeout_s=30.0, api_key=api_key).fixes_active
+        fixes_active = read_status(endpoint, timeout_s=30.0).fixes_active
     parts, dtype = key_parts_for_plan(loaded.profile, plan, fixes_active, settings.top_k)
     return FingerprintCheck(
         key_parts=parts,

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from deploykit import exit_codes
 from deploykit.canary.config import CanaryOptions, build_config
 from deploykit.canary.runner import Canary, CanaryConfig, LiveNanSummary, RunSummary
+from deploykit.canary.runtime import CanaryRuntime
 from deploykit.errors import DeploykitError
 
 __all__ = ["CanaryConfig", "CanaryOptions", "run_canary"]
@@ -92,9 +93,6 @@ def _run(
 ) -> int:
     import signal
 
-    from deploykit.canary.listener import listen
-    from deploykit.net import redact_url
-
     config = build_config(options) if not options.keep_running else wait_for_config(options, stop, warn)
     if config is None:
         return exit_codes.OK  # stopped before the canary could be set up
@@ -158,11 +156,12 @@ def _run(
     except BaseException as exc:
         canary.final_verdict(f"the canary could not start: {type(exc).__name__}: {exc}"[:400])
         raise
-    server = listen(canary)
-    bound = server.server_address[1]
+    runtime = CanaryRuntime(canary, watch_restarts=options.watch_restarts, stop=stop)
+    bound = runtime.open_listener()
     rotation = ", ".join(canary.labels)
+    endpoint = config.endpoint
     say(
-        f"canary for {config.served_name} at {redact_url(config.url)}: every {config.settings.every_s:g} s, "
+        f"canary for {config.served_name} at {endpoint.shown}: every {config.settings.every_s:g} s, "
         f"rotation {rotation}; /healthz, /livez and /metrics on http://{host}:{bound}"
         + (
             f"; vLLM's NaN counter read every {config.settings.metrics_every_s:g} s"
@@ -171,25 +170,14 @@ def _run(
         )
         + (f"; verdict written to {config.verdict_file}" if config.verdict_file else "")
     )
-    poller = canary.nan_poller()
-    if poller is not None:
-        poller.start(stop)
-    progress = canary.progress_poller()
-    if progress is not None:
-        progress.start(stop)
-    if options.watch_restarts:
-        threading.Thread(
-            target=canary.watch_restarts, args=(stop,), name="deploykit-canary-restarts", daemon=True
-        ).start()
+    runtime.start(runs=False)  # the readers; the runs go on in this thread
     try:
-        canary.run_forever(stop)
+        runtime.run_here()
     except BaseException as exc:
         canary.final_verdict(f"the canary crashed: {type(exc).__name__}: {exc}"[:400])
         raise
     finally:
-        stop.set()
-        server.shutdown()
-        server.server_close()
+        runtime.close()
     ended = f"{signal.Signals(received[0]).name} received" if received else "the canary ended"
     canary.final_verdict(f"the canary stopped ({ended}): nothing judges the server now")
     if hung.is_set():

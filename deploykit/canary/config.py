@@ -13,6 +13,7 @@ from deploykit.canary import defaults
 from deploykit.canary.rotation import rotation_for
 from deploykit.canary.runner import CanaryConfig
 from deploykit.canary.settings import DEFAULTS, CanarySettings, SettingRefused
+from deploykit.endpoint import Endpoint
 from deploykit.errors import CanaryError
 
 if TYPE_CHECKING:
@@ -60,17 +61,16 @@ def build_config(options: CanaryOptions) -> CanaryConfig:
 
         loaded = load_profile(options.profile)  # a ProfileError lists its located issues, then one line
         profile, profile_id = loaded.profile, loaded.id
-    api_key = read_api_key(options, profile)
+    endpoint = Endpoint(options.url, read_api_key(options, profile))
     if profile is not None:
         from deploykit.plan import resolve_model_path
 
         config = config_for_profile(
             profile,
             profile_id,
-            url=options.url,
+            endpoint=endpoint,
             model_path=resolve_model_path(profile),
             settings=options.settings,
-            api_key=api_key,
             served_name=options.model,
             store_url=options.store_url,
             store=options.store,
@@ -81,16 +81,15 @@ def build_config(options: CanaryOptions) -> CanaryConfig:
         from deploykit.fleet_baseline import check_for_server  # the fingerprint's key (docs/fingerprints.md)
 
         config.fingerprint = check_for_server(
-            loaded, options.url, api_key=api_key, store_url=options.store_url, store=options.store
+            loaded, endpoint, store_url=options.store_url, store=options.store
         )
         return config
-    served, max_len = discover_model(options.url, api_key, options.model)
+    served, max_len = discover_model(endpoint, options.model)
     return CanaryConfig(
-        url=options.url,
+        endpoint=endpoint,
         served_name=served,
         cases=rotation_for(None),
         settings=options.settings,
-        api_key=api_key,
         max_model_len=max_len,
         store_url=options.store_url,
         store=options.store,
@@ -123,10 +122,9 @@ def config_for_profile(
     profile: Profile,
     profile_id: str | None,
     *,
-    url: str,
+    endpoint: Endpoint,
     model_path: str | None,
     settings: CanarySettings = DEFAULTS,
-    api_key: str | None = None,
     served_name: str | None = None,
     store_url: str | None = None,
     store: bool = True,
@@ -145,11 +143,10 @@ def config_for_profile(
     if not counts_nan_logits(profile):
         settings = settings.replace(metrics_every_s=0.0)
     return CanaryConfig(
-        url=url,
+        endpoint=endpoint,
         served_name=served_name or profile.served_name,
         cases=rotation_for(profile),
         settings=settings,
-        api_key=api_key,
         special_ids=special_token_ids(model_path),
         vocab_size=vocab_size(model_path),
         max_model_len=profile.serve.max_model_len,

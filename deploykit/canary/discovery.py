@@ -11,16 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 from deploykit.canary.defaults import IDENTIFY_TIMEOUT_S
+from deploykit.endpoint import Endpoint
 from deploykit.errors import CanaryError
-from deploykit.net import redact_url
 from deploykit.smoke.bodies import describe_body
 
 WAY_OUT = "give --url the vLLM server's base URL, e.g. http://127.0.0.1:8000"
 
 
-def served_models(
-    url: str, api_key: str | None, timeout_s: float = IDENTIFY_TIMEOUT_S
-) -> list[dict[str, Any]] | None:
+def served_models(endpoint: Endpoint, timeout_s: float = IDENTIFY_TIMEOUT_S) -> list[dict[str, Any]] | None:
     """The models vLLM's `/v1/models` lists; None when nothing answered in time (refused, timed out, or
     busy: HTTP 5xx/429, whatever its body, as a proxy in front of a loading vLLM says). Raises CanaryError
     when something answered that is not vLLM, or that refuses the API key."""
@@ -28,10 +26,12 @@ def served_models(
 
     from deploykit.http_bounded import LISTING_CAP_BYTES, fetch
 
-    where = f"{redact_url(url.rstrip('/'))}/v1/models"
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    where = f"{endpoint.shown}/v1/models"
     reply = fetch(
-        url.rstrip("/") + "/v1/models", headers=headers, deadline_s=timeout_s, max_bytes=LISTING_CAP_BYTES
+        endpoint.at("/v1/models"),
+        headers=endpoint.headers(),
+        deadline_s=timeout_s,
+        max_bytes=LISTING_CAP_BYTES,
     )
     if reply.failure in ("deadline", "transport"):
         return None
@@ -66,12 +66,12 @@ def model_ids(models: list[dict[str, Any]]) -> list[str]:
     return [str(model.get("id", "?")) for model in models]
 
 
-def discover_model(url: str, api_key: str | None, wanted: str | None) -> tuple[str, int | None]:
+def discover_model(endpoint: Endpoint, wanted: str | None) -> tuple[str, int | None]:
     """The served model (the first, or `wanted`) and its max_model_len, from vLLM's `/v1/models`."""
-    models = served_models(url, api_key, timeout_s=30)
+    models = served_models(endpoint, timeout_s=30)
     if models is None:
         raise CanaryError(
-            f"cannot list the served models at {redact_url(url.rstrip('/'))}/v1/models (no answer, or the "
+            f"cannot list the served models at {endpoint.shown}/v1/models (no answer, or the "
             "server is busy); start the server first, or give --profile"
         )
     for model in models:
@@ -80,27 +80,27 @@ def discover_model(url: str, api_key: str | None, wanted: str | None) -> tuple[s
             usable = isinstance(length, int) and not isinstance(length, bool) and length > 0
             return str(model["id"]), length if usable else None
     served = ", ".join(model_ids(models)) or "no model"
-    raise CanaryError(f"{redact_url(url)} does not serve {wanted!r}; it serves {served}")
+    raise CanaryError(f"{endpoint.shown} does not serve {wanted!r}; it serves {served}")
 
 
-def identify(url: str, api_key: str | None, served_name: str) -> bool:
+def identify(endpoint: Endpoint, served_name: str) -> bool:
     """The canary's first look at its server: True once vLLM answered and serves `served_name`, False when
     nothing answered yet (look again before the next run). Raises CanaryError when the URL is not a vLLM
     server, refuses the key, or serves other models (every run would be judged wrong, i.e. "corrupt")."""
-    models = served_models(url, api_key)
+    models = served_models(endpoint)
     if models is None:
         return False
     ids = model_ids(models)
     if served_name not in ids:
         raise CanaryError(
-            f"{redact_url(url)} does not serve {served_name!r}; it serves {', '.join(ids) or 'no model'}: "
+            f"{endpoint.shown} does not serve {served_name!r}; it serves {', '.join(ids) or 'no model'}: "
             "give --model NAME, or the profile of that server"
         )
     return True
 
 
-def server_health_ok(url: str, timeout_s: float) -> bool:
+def server_health_ok(endpoint: Endpoint, timeout_s: float) -> bool:
     """vLLM's own `/health` at the server's base URL answers 200 (it needs no API key)."""
     from deploykit.net import health_ok, health_url
 
-    return health_ok(health_url(url), timeout_s)
+    return health_ok(health_url(endpoint.url), timeout_s)

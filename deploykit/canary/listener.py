@@ -1,5 +1,6 @@
-"""The canary's HTTP listener (standard library): `/healthz` for readiness (503 once the output is wrong or
-the server unreachable), `/livez` for liveness (503 only on corruption or a dead server), `/metrics`."""
+"""The canary's HTTP listener (standard library): `/healthz` for readiness (503 once the output is wrong, the
+engine hung, or the server unreachable with no progress seen; 200 while merely saturated), `/livez` for
+liveness (503 only on corruption, a hung engine or a dead server), `/metrics`."""
 
 from __future__ import annotations
 

@@ -95,10 +95,71 @@ class CanaryMetrics:
             "long, a key it does not take, a name it does not serve), else 0; never a reason to restart vLLM",
             registry=self.registry,
         )
+        self.saturated = Gauge(
+            "deploykit_canary_saturated",
+            "1 while the canary's runs get no answer in time but vLLM's counters advance (a busy replica: it "
+            "stays ready), else 0",
+            registry=self.registry,
+        )
+        self.status = Gauge(
+            "deploykit_canary_status",
+            "1 for the canary's verdict now, 0 for the others (one series per status)",
+            ["status"],
+            registry=self.registry,
+        )
+        self.every = Gauge(
+            "deploykit_canary_every_seconds", "Seconds between the canary's runs", registry=self.registry
+        )
+        self.request_timeout = Gauge(
+            "deploykit_canary_request_timeout_seconds",
+            "The deadline of one canary request (a run waits at most a few of them)",
+            registry=self.registry,
+        )
+        self.server_restarts = Counter(
+            "deploykit_canary_server_restarts",
+            "Times the server came back under the canary after going away (restarts for corruption or a "
+            "hang among them)",
+            registry=self.registry,
+        )
+        self.progress_tokens = Gauge(
+            "deploykit_canary_progress_tokens",
+            "vLLM's token counters (generation + prompt, summed over engines) at the last read",
+            registry=self.registry,
+        )
+        self.progress_advanced = Gauge(
+            "deploykit_canary_progress_advanced_timestamp_seconds",
+            "Unix time the engine's counters were last seen to advance (or it said it was quiet on purpose)",
+            registry=self.registry,
+        )
+        self.server_started: Gauge | None = None
+        """Registered at the first reading (`note_server_start`), never as a 0 that would read as a change."""
         for cause in ("probe", "live_nan"):
             self.corrupt_cause.labels(cause=cause).set(0)
         self.vllm_nan_counter.set(-1)
         self.healthy.set(1)
+        self.show_status("starting")
+
+    def note_server_start(self, started: float) -> None:
+        """The server process's start time, as its /metrics said: Prometheus counts its changes
+        (`changes()`) across the canary's own restarts, which a counter of this process cannot (a systemd
+        canary starts afresh with each server)."""
+        from prometheus_client import Gauge
+
+        if self.server_started is None:
+            self.server_started = Gauge(
+                "deploykit_canary_server_start_timestamp_seconds",
+                "Unix start time of the server process under the canary (vLLM's process_start_time_seconds "
+                "at the last read): each change is a restart",
+                registry=self.registry,
+            )
+        self.server_started.set(started)
+
+    def show_status(self, status: str) -> None:
+        """The one-hot `deploykit_canary_status` series."""
+        from deploykit.canary.state import STATUSES
+
+        for each in (*STATUSES, "unknown"):
+            self.status.labels(status=each).set(1 if each == status else 0)
 
     def count_run(
         self, state: CanaryState, label: str, outcome: Outcome, report: SmokeReport, now: float, took: float
@@ -120,8 +181,10 @@ class CanaryMetrics:
         self.set_verdict(state)
 
     def set_verdict(self, state: CanaryState) -> None:
-        """The verdict gauges: healthy, hung, misconfigured, and corrupt by cause."""
+        """The verdict gauges: healthy, saturated, hung, misconfigured, corrupt by cause, status."""
         self.healthy.set(1 if state.healthy else 0)
+        self.saturated.set(1 if state.saturated else 0)
+        self.show_status(state.status)
         self.hung.set(1 if state.hung else 0)
         self.misconfigured.set(1 if state.misconfigured else 0)
         for cause in ("probe", "live_nan"):

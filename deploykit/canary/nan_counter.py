@@ -3,7 +3,8 @@ every few seconds and tell the canary as soon as it grows.
 
 The probe runs see one request a minute; a user request whose logits held NaN in between would go unseen.
 With `VLLM_COMPUTE_NANS_IN_LOGITS=1` vLLM counts such requests itself (when each finishes), so one cheap
-GET of /metrics every `metrics_every_s` seconds catches them within seconds of the answer.
+GET of /metrics every `metrics_every_s` seconds (`server_page`, the one reader of the page) catches them
+within seconds of the answer.
 
 A counter only grows, except when the server restarts: then it starts again from zero. A restart is seen
 by the series' `_created` time (or the process start time) changing, and then everything the new process
@@ -18,13 +19,10 @@ warning, never as a verdict the canary did not see happen.
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from deploykit.canary import defaults
-from deploykit.canary.settings import DEFAULTS
-from deploykit.http_bounded import METRICS_CAP_BYTES
 
 TOTAL = defaults.NAN_COUNTER + "_total"
 CREATED = defaults.NAN_COUNTER + "_created"
@@ -170,110 +168,40 @@ class CounterWatch:
         return grown
 
 
-class MetricsUnread(Exception):
-    """The server's /metrics could not be read this time (no answer in time, too big, not 200)."""
-
-    def __init__(self, message: str, *, too_big: bool = False) -> None:
-        super().__init__(message)
-        self.too_big = too_big
-
-
 @dataclass
-class NanCounterPoller:
-    """Reads `url`/metrics every `every_s` seconds on its own thread and reports each growth."""
+class NanCounterFollower:
+    """Follows the NaN counter over the readings `server_page` hands it (pure: no clock, no I/O), and says
+    once what a person should know: the counter is absent, it went down, it had counted before we looked."""
 
-    url: str
-    every_s: float = DEFAULTS.metrics_every_s
-    api_key: str | None = None
-    timeout_s: float = defaults.METRICS_TIMEOUT_S
-    on_growth: Callable[[float, CounterReading], object] | None = None
-    """Called with how many more requests had NaN logits, and the reading that showed it."""
-    on_reading: Callable[[CounterReading | None], None] | None = None
-    """Called after every successful read (None: the page has no NaN counter)."""
+    watch: CounterWatch = field(default_factory=CounterWatch)
     on_warning: Callable[[str], None] | None = None
-    watch: CounterWatch | None = None
-    max_bytes: int = METRICS_CAP_BYTES
+    absent_said: bool = False
 
-    def __post_init__(self) -> None:
-        self.watch = self.watch or CounterWatch()
-        self._absent_said = False
-        self._too_big_said = False
-
-    def fetch(self) -> CounterReading | Exception | None:
-        """One GET of /metrics: the reading, None when there is no NaN counter, or the error."""
-        from deploykit.http_bounded import fetch
-
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        reply = fetch(
-            self.url.rstrip("/") + "/metrics",
-            headers=headers,
-            deadline_s=self.timeout_s,
-            max_bytes=self.max_bytes,
-        )
-        if not reply.ok:
-            return MetricsUnread(
-                f"the server's /metrics: {reply.problem}", too_big=reply.failure == "too_big"
-            )
-        if reply.status != 200:
-            return MetricsUnread(f"the server's /metrics answered HTTP {reply.status}")
-        return read_counter(reply.text)
-
-    def poll_once(self) -> float:
-        """Read once and report; returns the growth seen (0 when none, or when the read failed)."""
-        assert self.watch is not None
-        result = self.fetch()
-        if isinstance(result, Exception):
-            if isinstance(result, MetricsUnread) and result.too_big and not self._too_big_said:
-                self._too_big_said = True  # said once: the page is re-read every few seconds
-                self._warn(f"{result}: vLLM's NaN counter is not read while it is that big")
-            return 0.0  # the probe runs judge an unreachable server; a failed read waits for the next
-        if self.on_reading is not None:
-            self.on_reading(result)
-        if result is None:
-            if not self._absent_said:
-                self._absent_said = True
+    def take(self, reading: CounterReading | None) -> float:
+        """One page's reading (None: the page has no NaN counter); returns the growth since the last."""
+        if reading is None:
+            if not self.absent_said:
+                self.absent_said = True
                 self._warn(
                     f"the server's /metrics has no {TOTAL}: NaN logits on live traffic are not counted "
                     f"(start vLLM with {defaults.NAN_COUNTER_ENV}=1; deploykit's plan sets it)"
                 )
             return 0.0
         first = self.watch.last is None
-        previous_total = None if first else self.watch.last.total  # type: ignore[union-attr]
+        previous_total = None if self.watch.last is None else self.watch.last.total
         resets = self.watch.resets
-        grown = self.watch.observe(result)
+        grown = self.watch.observe(reading)
         if self.watch.resets > resets:
             self._warn(
-                f"vLLM's {TOTAL} went down ({previous_total:g} → {result.total:g}) with no restart seen: "
+                f"vLLM's {TOTAL} went down ({previous_total:g} → {reading.total:g}) with no restart seen: "
                 "taken as a reset of the counter, not as requests with NaN logits"
             )
-        if first and result.total > 0:
+        if first and reading.total > 0:
             self._warn(
-                f"the server had already counted {result.total:g} request(s) with NaN logits before the "
+                f"the server had already counted {reading.total:g} request(s) with NaN logits before the "
                 "canary started watching (not judged: restart it to start afresh)"
             )
-        if grown > 0 and self.on_growth is not None:
-            self.on_growth(grown, result)
         return grown
-
-    def run_forever(self, stop: threading.Event) -> None:
-        """A read every `every_s` seconds until `stop`; a failing callback never ends the watching."""
-        while not stop.is_set():
-            try:
-                self.poll_once()
-            except Exception as exc:  # the watcher must outlive any one bad read
-                from deploykit.net import redact_text
-
-                self._warn(
-                    f"reading the server's NaN counter failed: {redact_text(f'{type(exc).__name__}: {exc}')}"
-                )
-            stop.wait(self.every_s)
-
-    def start(self, stop: threading.Event) -> threading.Thread:
-        thread = threading.Thread(
-            target=self.run_forever, args=(stop,), name="deploykit-canary-nan-counter", daemon=True
-        )
-        thread.start()
-        return thread
 
     def _warn(self, message: str) -> None:
         if self.on_warning is not None:

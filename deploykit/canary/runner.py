@@ -1,6 +1,8 @@
-"""`Canary`: one run every `every_s` seconds (the rotation's next case, judged with the smoke rules), the
-state it moves, its metrics, its rows and its verdict file. The HTTP listener (`listener`) and the command
-(`command`) are built on it; serve's in-process canary (`deploykit.serve.watch`) uses it as it is.
+"""`Canary`: what one canary knows and does — a run (the rotation's next case, judged with the smoke rules),
+a page of the server's /metrics (its NaN counter, its progress), the state they move (one `_transition`
+for every change: the state, its metrics, its row, its verdict file), its rows and its verdict. It starts
+no thread: `runtime.CanaryRuntime` owns the threads that call it, for `deploykit canary` and for serve's
+in-process canary alike.
 """
 
 from __future__ import annotations
@@ -15,14 +17,17 @@ from typing import TYPE_CHECKING, Any
 
 from deploykit.canary import defaults
 from deploykit.canary.metrics import CanaryMetrics
-from deploykit.canary.progress import ProgressPoller, ProgressReading, ProgressWatch, hung_diagnosis
+from deploykit.canary.nan_counter import NanCounterFollower
+from deploykit.canary.progress import ProgressReading, ProgressWatch, hung_diagnosis
 from deploykit.canary.rotation import case_labels, run_requests
 from deploykit.canary.settings import DEFAULTS, CanarySettings
 from deploykit.canary.state import CanaryState, Outcome, Status, outcome_of
 from deploykit.canary.verdict import write_or_warn
+from deploykit.endpoint import Endpoint
 
 if TYPE_CHECKING:
-    from deploykit.canary.nan_counter import CounterReading, NanCounterPoller
+    from deploykit.canary.nan_counter import CounterReading
+    from deploykit.canary.server_page import ServerPage
     from deploykit.fleet_baseline import FingerprintCheck
     from deploykit.profile.schema import SmokeCase
     from deploykit.results.record import ResultRecord
@@ -36,12 +41,13 @@ Runner = Callable[..., "SmokeReport"]
 class CanaryConfig:
     """What a canary checks, how often, and where its rows and verdict go."""
 
-    url: str
+    endpoint: Endpoint
+    """The server: its URL, its key, and the deadlines of a request (the settings' `timeout_s`, set here)
+    and of a /metrics read."""
     served_name: str
     cases: list[SmokeCase]
     settings: CanarySettings = DEFAULTS
     """Interval, timeout, NaN-counter reads, miss limit, listen address (`settings.CanarySettings`)."""
-    api_key: str | None = None
     special_ids: frozenset[int] = frozenset()
     vocab_size: int | None = None
     """Every generated id must be below it (the model's config.json); None: vLLM's int32 bound."""
@@ -71,11 +77,36 @@ class CanaryConfig:
     """Look first whether the URL is vLLM serving `served_name` (`discovery.identify`), until it answers:
     `deploykit canary` does, for a URL a person typed; serve's in-process canary knows its server."""
 
+    def __post_init__(self) -> None:
+        # Seconds per request: the settings' `timeout_s` (the profile's smoke timeout where the settings said
+        # none), else `defaults.REQUEST_TIMEOUT_S`; a /metrics read: `defaults.METRICS_TIMEOUT_S`.
+        self.endpoint = Endpoint(
+            self.endpoint.url,
+            self.endpoint.api_key,
+            request_deadline_s=self.settings.timeout_s or defaults.REQUEST_TIMEOUT_S,
+            metrics_deadline_s=defaults.METRICS_TIMEOUT_S,
+        )
+
     @property
     def request_timeout_s(self) -> float:
-        """Seconds per request: the settings' `timeout_s` (the profile's smoke timeout where the settings
-        said none), else `defaults.REQUEST_TIMEOUT_S`."""
-        return self.settings.timeout_s or defaults.REQUEST_TIMEOUT_S
+        return self.endpoint.request_deadline_s
+
+    @property
+    def reads_page(self) -> bool:
+        """Whether the server's /metrics is read at all: for the NaN counter, or for the hung judgement."""
+        return self.settings.metrics_every_s > 0 or self.hung_after_s > 0
+
+    @property
+    def page_every_s(self) -> float:
+        """One read per tick feeds every reader: as often as the most frequent of them needs."""
+        wanted = [self.settings.metrics_every_s] if self.settings.metrics_every_s > 0 else []
+        wanted += [self.progress_every_s] if self.hung_after_s > 0 else []
+        return min(wanted) if wanted else self.progress_every_s
+
+    @property
+    def progress_window_s(self) -> float:
+        """Counters seen advancing this recently make a miss streak `saturated`, not `unreachable`."""
+        return self.hung_after_s if self.hung_after_s > 0 else defaults.HUNG_AFTER_S
 
 
 @dataclass
@@ -116,14 +147,15 @@ class Canary:
     identified: bool = False
     last_fingerprint: Fingerprint | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    # Serialises verdict writes (the run loop and the restart watcher): a snapshot taken earlier never
-    # replaces a later one.
+    # Serialises verdict writes (the run loop and the page reader): a snapshot taken earlier never replaces
+    # a later one.
     _verdict_lock: threading.Lock = field(default_factory=threading.Lock)
     _verdict_error: str | None = None
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     """Which canary process wrote a verdict (with its pid and the verdict's `sequence`)."""
     sequence: int = 0
     progress: ProgressWatch = field(default_factory=ProgressWatch)
+    nan_follower: NanCounterFollower = field(default_factory=NanCounterFollower)
     _run_since: float | None = None
     """Monotonic start of the run in flight (None between runs)."""
     _run_deadline: float | None = None
@@ -134,12 +166,49 @@ class Canary:
     """When a run last ended (or the canary was made): /livez fails when runs stop coming."""
     _final: str | None = None
     """Why the canary ended: its last verdict says so, and is never `healthy`."""
+    _too_big_said: bool = False
 
     def __post_init__(self) -> None:
         self.labels = case_labels(self.config.cases)
         self.state = CanaryState(
             rotation_len=len(self.config.cases), miss_limit=self.config.settings.miss_limit
         )
+        self.nan_follower.on_warning = self._warn
+        self.metrics.every.set(self.config.settings.every_s)
+        self.metrics.request_timeout.set(self.config.request_timeout_s)
+
+    # --- one transition for every change -------------------------------------------------------------
+
+    def _transition(
+        self,
+        change: Callable[[CanaryState], Status | None],
+        *,
+        report: SmokeReport | None = None,
+        count: Callable[[CanaryState], None] | None = None,
+        now: float | None = None,
+    ) -> tuple[Status | None, str | None]:
+        """Apply `change` to the state under the lock (with `count`, the metrics of what happened), set the
+        verdict gauges, store a `state:<new>` row when the status changed (`report`, else one saying the
+        diagnosis), and rewrite the verdict file. Returns the new status (None: unchanged) and where the
+        row went."""
+        from deploykit.smoke import SmokeReport
+
+        moment = self.clock() if now is None else now
+        with self._lock:
+            changed = change(self.state)
+            if count is not None:
+                count(self.state)
+            self.metrics.set_verdict(self.state)
+            diagnosis = self.state.diagnosis
+        stored = None
+        if changed is not None:
+            passed = changed in ("healthy", "starting") and report is None
+            row = report or SmokeReport(passed=passed, diagnosis=diagnosis, cases=[])
+            stored = self._store_row(f"state:{changed}", row, moment)
+        self.write_verdict()
+        return changed, stored
+
+    # --- runs ----------------------------------------------------------------------------------------
 
     def requests_for_run(self, number: int) -> tuple[str, list[SmokeRequest]]:
         """Run `number` (from 0) checks the rotation's next case; its long prompts are salted by `number`."""
@@ -155,7 +224,7 @@ class Canary:
         if self.config.identify and not self.identified:
             from deploykit.canary.discovery import identify
 
-            self.identified = identify(self.config.url, self.config.api_key, self.config.served_name)
+            self.identified = identify(self.config.endpoint, self.config.served_name)
 
     def run_once(self) -> RunSummary:
         """One run: the next case, judged; the state, metrics, rows and verdict file follow. Raises
@@ -189,20 +258,26 @@ class Canary:
         if cancel is not None and cancel.is_set():
             return None
         outcome = outcome_of(report)
-        took = time.monotonic() - started
+        ended = time.monotonic()
+        took = ended - started
         now = self.clock()
-        with self._lock:
+
+        def observe(state: CanaryState) -> Status | None:
             # Only a request that waited out its whole deadline keeps counting toward `hung`.
             if outcome != "miss" or took < 0.9 * self.config.request_timeout_s:
                 self._waiting_since = None
-            changed = self.state.observe(label, outcome, report.diagnosis)
-            self.metrics.count_run(self.state, label, outcome, report, now, took)
-        summary = RunSummary(number, label, outcome, report, changed)
-        if changed is not None:
-            summary.stored = self._store_row(f"state:{changed}", report, now)
-        elif self.last_row_at is not None and now - self.last_row_at >= self.config.heartbeat_s:
-            summary.stored = self._store_row("heartbeat", report, now)
-        self.write_verdict()
+            progressing = self.progress.advanced_within(ended, self.config.progress_window_s)
+            return state.observe(label, outcome, report.diagnosis, progressing=progressing)
+
+        def count(state: CanaryState) -> None:
+            self.metrics.count_run(state, label, outcome, report, now, took)
+
+        heartbeat = self.last_row_at is not None and now - self.last_row_at >= self.config.heartbeat_s
+        changed, stored = self._transition(observe, report=report, count=count, now=now)
+        if changed is None and heartbeat:
+            stored = self._store_row("heartbeat", report, now)
+            self.write_verdict()
+        summary = RunSummary(number, label, outcome, report, changed, stored)
         if self.on_run is not None:
             self.on_run(summary)
         return summary
@@ -213,10 +288,8 @@ class Canary:
 
         runner = self.runner or run_smoke
         report = runner(
-            self.config.url,
+            self.config.endpoint,
             requests,
-            timeout_s=self.config.request_timeout_s,
-            api_key=self.config.api_key,
             special_ids=self.config.special_ids,
             vocab_size=self.config.vocab_size,
             tie_tolerance=self.config.tie_tolerance,
@@ -230,92 +303,76 @@ class Canary:
         """One reading of the probe set, compared with its key's baseline, as one more case."""
         from deploykit.fleet_baseline import fingerprint_case, with_case
 
-        config = self.config
         case, self.last_fingerprint = fingerprint_case(
-            check,
-            config.url,
-            config.served_name,
-            timeout_s=config.request_timeout_s,
-            api_key=config.api_key,
-            readings=1,
+            check, self.config.endpoint, self.config.served_name, readings=1
         )
         return with_case(report, case)
 
-    def nan_poller(self) -> NanCounterPoller | None:
-        """The reader of vLLM's NaN counter for this canary's server, or None with `metrics_every_s` 0."""
-        from deploykit.canary.nan_counter import NanCounterPoller
+    # --- the server's /metrics page --------------------------------------------------------------------
 
-        if self.config.settings.metrics_every_s <= 0:
-            return None
-        return NanCounterPoller(
-            self.config.url,
-            every_s=self.config.settings.metrics_every_s,
-            api_key=self.config.api_key,
-            on_growth=self.live_nan,
-            on_reading=self._note_reading,
-            on_warning=self._warn,
-        )
-
-    def _note_reading(self, reading: CounterReading | None) -> None:
-        self.metrics.vllm_nan_counter.set(-1 if reading is None else reading.total)
+    def take_page(self, page: ServerPage, now: float | None = None) -> None:
+        """One read of the server's /metrics, for every reader: the NaN counter (with `metrics_every_s`)
+        and the progress counters (with `hung_after_s`). A page that could not be read is no reading: the
+        last good one stands (a slow /metrics under load must not restart the clock of a hang)."""
+        if not page.read:
+            if page.too_big and not self._too_big_said:
+                self._too_big_said = True  # said once: the page is re-read every few seconds
+                self._warn(f"{page.problem}: vLLM's counters are not read while the page is that big")
+            return
         self.metrics.vllm_nan_read.set(self.clock())
+        if page.progress is not None and page.progress.started is not None:
+            self.metrics.note_server_start(page.progress.started)
+        if self.config.settings.metrics_every_s > 0:
+            self.metrics.vllm_nan_counter.set(-1 if page.nan is None else page.nan.total)
+            grown = self.nan_follower.take(page.nan)
+            if grown > 0 and page.nan is not None:
+                self.live_nan(grown, page.nan)
+        if self.config.hung_after_s > 0 or page.progress is not None:
+            self.observe_progress(page.progress, now, paused=page.paused)
 
     def live_nan(self, grown: float, reading: CounterReading) -> LiveNanSummary:
         """vLLM counted `grown` more requests with NaN logits: corrupt at once (a row, the verdict file,
         `/healthz` 503), without waiting for the next run."""
-        from deploykit.smoke import SmokeReport
-
-        now = self.clock()
-        with self._lock:
-            changed = self.state.observe_live_nan(grown, reading.total)
-            diagnosis = self.state.diagnosis
-            self.metrics.live_nan.inc(grown)
-            self.metrics.set_verdict(self.state)
-        summary = LiveNanSummary(grown, reading.total, changed)
-        if changed is not None:
-            report = SmokeReport(passed=False, diagnosis=diagnosis, cases=[])
-            summary.stored = self._store_row(f"state:{changed}", report, now)
-        self.write_verdict()
+        changed, stored = self._transition(
+            lambda state: state.observe_live_nan(grown, reading.total),
+            count=lambda state: self.metrics.live_nan.inc(grown),
+        )
+        summary = LiveNanSummary(grown, reading.total, changed, stored)
         if self.on_live_nan is not None:
             self.on_live_nan(summary)
         return summary
 
-    def progress_poller(self) -> ProgressPoller | None:
-        """The reader of vLLM's token counters for the `hung` verdict, or None with `hung_after_s` 0."""
-        if self.config.hung_after_s <= 0:
+    def observe_progress(
+        self, reading: ProgressReading | None, now: float | None = None, paused: bool = False
+    ) -> Status | None:
+        """Take one reading of the engine's progress (None: none could be made). The verdict turns `hung`
+        once requests have waited `hung_after_s` with no work done (an engine asleep, paused or loading
+        weights is quiet on purpose); a miss streak is `saturated` while work is done, `unreachable` when
+        not. Returns the new status when it changed."""
+        if reading is None:  # no reading: the last good one stands (the counters only grow in one process)
             return None
-        return ProgressPoller(
-            self.config.url,
-            every_s=self.config.progress_every_s,
-            api_key=self.config.api_key,
-            on_reading=self.observe_progress,
-            on_warning=self._warn,
-        )
-
-    def observe_progress(self, reading: ProgressReading | None, now: float | None = None) -> Status | None:
-        """Take one reading of the engine's progress (None: none could be made); the verdict turns `hung`
-        once requests have waited `hung_after_s` with no token produced. Returns the new status then."""
-        from deploykit.smoke import SmokeReport
-
         moment = time.monotonic() if now is None else now
+        quiet = paused or reading.quiet_on_purpose is not None
         with self._lock:
-            if reading is None:  # no reading: the last good one stands (a slow /metrics under load must
-                return None  # not restart the clock of a hang; the counters only grow in one process)
-            self.progress.observe(reading, moment)
+            advanced_before = self.progress.advanced_at
+            self.progress.observe(reading, moment, quiet_on_purpose=quiet)
             waiting = self._waiting_since if self._run_since is not None else None
             stalled = self.progress.stalled_for(moment, waiting)
-            if stalled is None or self.config.hung_after_s <= 0 or stalled < self.config.hung_after_s:
-                return None
-            changed = self.state.observe_hung(hung_diagnosis(stalled, reading.tokens))
-            diagnosis = self.state.diagnosis
-            self.metrics.set_verdict(self.state)
-        if changed is None:
+            progressing = self.progress.advanced_within(moment, self.config.progress_window_s)
+            advanced = self.progress.advanced_at != advanced_before
+        self.metrics.progress_tokens.set(reading.tokens)
+        if advanced:
+            self.metrics.progress_advanced.set(self.clock())
+        hung_after = self.config.hung_after_s
+        if stalled is not None and hung_after > 0 and stalled >= hung_after:
+            diagnosis = hung_diagnosis(stalled, reading.tokens)
+            changed, _ = self._transition(lambda state: state.observe_hung(diagnosis))
+            if changed is not None and self.on_hung is not None:
+                self.on_hung(self.state.diagnosis)
+            return changed
+        if self.state.status not in ("unreachable", "saturated"):
             return None
-        report = SmokeReport(passed=False, diagnosis=diagnosis, cases=[])
-        self._store_row(f"state:{changed}", report, self.clock())
-        self.write_verdict()
-        if self.on_hung is not None:
-            self.on_hung(diagnosis)
+        changed, _ = self._transition(lambda state: state.observe_progressing(progressing))
         return changed
 
     def forget_progress(self) -> None:
@@ -323,6 +380,8 @@ class Canary:
         with self._lock:
             self.progress.forget()
             self._waiting_since = None
+
+    # --- the canary's own health ----------------------------------------------------------------------
 
     def stuck(self, now: float | None = None, run_only: bool = False) -> str | None:
         """Why the canary's own runs have stopped advancing (a run past its deadlines, or, unless
@@ -344,9 +403,8 @@ class Canary:
     def liveness(self) -> tuple[bool, str]:
         """`/livez`: wrong on corruption, on a hung engine, when the canary's own runs stop advancing, or
         when the server's own /health does not answer (what a liveness probe on /health said before).
-        Misses and slowness never make it fail."""
+        Misses, saturation and slowness never make it fail."""
         from deploykit.canary.discovery import server_health_ok
-        from deploykit.net import redact_url
 
         stuck = self.stuck()
         if stuck is not None:
@@ -356,51 +414,46 @@ class Canary:
             if state.corrupt or state.hung:
                 return False, f"{state.status}: {state.diagnosis}"
             text = f"{state.status}: {state.diagnosis}"
-        if not server_health_ok(self.config.url, defaults.LIVEZ_HEALTH_TIMEOUT_S):
-            return False, f"the server's /health at {redact_url(self.config.url)} does not answer 200"
+        if not server_health_ok(self.config.endpoint, defaults.LIVEZ_HEALTH_TIMEOUT_S):
+            return False, f"the server's /health at {self.config.endpoint.shown} does not answer 200"
         return True, text
 
     def server_restarted(self) -> Status | None:
-        """Called when the server's /health came back after going away (see `watch_restarts`)."""
-        from deploykit.smoke import SmokeReport
-
-        now = self.clock()
+        """The server came back after going away (`runtime` watches its /health; serve restarts it)."""
         self.last_fingerprint = None  # the restarted server's answers are not known yet
-        with self._lock:
+        self.metrics.server_restarts.inc()
+
+        def restart(state: CanaryState) -> Status | None:
             self.progress.forget()
             self._waiting_since = None
-            changed = self.state.restarted()
+            changed = state.restarted()
             if changed is not None:
-                self.metrics.set_verdict(self.state)
                 self.metrics.misses.set(0)
-        if changed is not None:
-            self._store_row(
-                f"state:{changed}", SmokeReport(passed=True, diagnosis="restarted", cases=[]), now
-            )
-        self.write_verdict()
+            return changed
+
+        from deploykit.smoke import SmokeReport
+
+        changed, _ = self._transition(
+            restart, report=SmokeReport(passed=True, diagnosis="restarted", cases=[])
+        )
         return changed
 
-    def watch_restarts(self, stop: threading.Event, poll_s: float = defaults.RESTART_POLL_S) -> None:
-        """`loop.watch_restarts`: a server that came back after going away starts the canary afresh."""
-        from deploykit.canary.loop import watch_restarts
-
-        watch_restarts(self, stop, poll_s)
+    def engine_replaced(self) -> Status | None:
+        """serve restarted vLLM itself: counted as a restart; a hang was the old engine's and is cleared,
+        while corruption waits for a whole rotation of passes, as after any wrong answer."""
+        if self.state.hung:
+            return self.server_restarted()
+        self.metrics.server_restarts.inc()
+        self.forget_progress()
+        return None
 
     def misconfigured(self, diagnosis: str) -> Status | None:
         """The canary cannot judge for a reason of its own: a `misconfigured` verdict (never `healthy`,
         never a reason to restart vLLM), a row and a warning line when it changed or its reason did."""
-        from deploykit.smoke import SmokeReport
-
-        now = self.clock()
-        with self._lock:
-            said = self.state.diagnosis if self.state.misconfigured else None
-            changed = self.state.observe_misconfigured(diagnosis)
-            self.metrics.set_verdict(self.state)
-        if changed is not None:
-            self._store_row(f"state:{changed}", SmokeReport(passed=False, diagnosis=diagnosis, cases=[]), now)
+        said = self.state.diagnosis if self.state.misconfigured else None
+        changed, _ = self._transition(lambda state: state.observe_misconfigured(diagnosis))
         if self.state.misconfigured and diagnosis != said:
             self._warn(f"MISCONFIGURED: {diagnosis} (vLLM is left alone: this is no reason to restart it)")
-        self.write_verdict()
         return changed
 
     def refresh_api_key(self) -> None:
@@ -408,22 +461,23 @@ class Canary:
         if self.config.api_key_file is not None:
             from deploykit.canary.api_key import read_api_key_file
 
-            self.config.api_key = read_api_key_file(self.config.api_key_file)
+            key = read_api_key_file(self.config.api_key_file)
+            self.config.endpoint = self.config.endpoint.with_key(key)
 
     def abandon_run(self) -> None:
-        """The run in flight is given up (the loop's `run_stoppable`): nothing waits on it any more."""
+        """The run in flight is given up (the runtime's run loop): nothing waits on it any more."""
         with self._lock:
             self._run_since = self._run_deadline = self._waiting_since = None
             self._last_beat = time.monotonic()
 
     def health(self) -> tuple[bool, str]:
+        """`/healthz`: 200 while the replica should take traffic (healthy, starting, saturated)."""
         with self._lock:
             state = self.state
-            return state.healthy, f"{state.status}: {state.diagnosis}"
+            return state.ready, f"{state.status}: {state.diagnosis}"
 
     def _store_row(self, stage: str, report: SmokeReport, now: float) -> str | None:
         from deploykit.canary.rows import canary_record
-        from deploykit.net import redact_url
         from deploykit.results.store_row import store_row
 
         self.last_row_at = now
@@ -433,7 +487,7 @@ class Canary:
             self.state,
             report,
             now,
-            url=redact_url(config.url),
+            url=config.endpoint.shown,
             every_s=config.settings.every_s,
             runs=self.runs,
             profile_name=config.profile_name,
@@ -468,6 +522,8 @@ class Canary:
     def final_verdict(self, why: str) -> None:
         """The canary ends (stopped, or crashed with `why`): its last verdict is never `healthy`."""
         self._final = why
+        if self.state.status not in ("corrupt", "hung"):
+            self.metrics.show_status("unknown")
         self.write_verdict()
 
     def write_verdict(self) -> None:
@@ -481,14 +537,8 @@ class Canary:
             self.sequence += 1
             self._verdict_error = write_or_warn(path, self.verdict(), self._verdict_error, self._warn)
 
-    def _warn(self, message: str) -> None:
+    def warn(self, message: str) -> None:
         if self.on_warning is not None:
             self.on_warning(message)
 
-    warn = _warn
-
-    def run_forever(self, stop: threading.Event) -> None:
-        """`loop.run_forever` with this canary's `keep_running`."""
-        from deploykit.canary.loop import run_forever
-
-        run_forever(self, stop, keep_running=self.config.keep_running)
+    _warn = warn

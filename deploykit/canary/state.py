@@ -1,7 +1,9 @@
 """What the canary believes about the server, from the runs so far: a pure state machine (no clock, no I/O).
 
 A wrong answer is corruption at once, and so is vLLM's NaN counter growing on live traffic; misses (timeouts,
-refused connections, HTTP 5xx/429) count only after `miss_limit` in a row; after a wrong answer (or a NaN
+refused connections, HTTP 5xx/429) count only after `miss_limit` in a row, and then say `saturated` when the
+engine kept working meanwhile (its counters advanced: a deep queue, answers late, tokens flowing; the
+replica stays ready) and `unreachable` only when no progress is seen; after a wrong answer (or a NaN
 counted), healthy again only once a whole rotation has passed in a row. A hung engine (requests admitted,
 no token produced for `defaults.HUNG_AFTER_S`; `deploykit.canary.progress` measures it) is `hung` at once:
 not corruption, not a miss streak, but a server that only a restart brings back; a passing run, or the
@@ -26,7 +28,19 @@ if TYPE_CHECKING:
     from deploykit.smoke import SmokeReport
     from deploykit.smoke.models import CaseResult
 
-Status = Literal["starting", "healthy", "corrupt", "unreachable", "hung", "misconfigured"]
+Status = Literal["starting", "healthy", "saturated", "corrupt", "unreachable", "hung", "misconfigured"]
+STATUSES: tuple[Status, ...] = (
+    "starting",
+    "healthy",
+    "saturated",
+    "corrupt",
+    "unreachable",
+    "hung",
+    "misconfigured",
+)
+READY: frozenset[Status] = frozenset({"starting", "healthy", "saturated"})
+"""The statuses in which the replica keeps its place behind the Service (`/healthz` 200): a saturated
+replica is serving, and taking it out would only move its queue to the others (or strand it alone)."""
 Outcome = Literal["pass", "wrong", "miss", "misconfigured"]
 Cause = Literal["probe", "live_nan"]
 
@@ -69,10 +83,20 @@ class CanaryState:
     diagnosis: str = "no run yet"
     cause: Cause | None = None
     """Why the status is `corrupt`: a canary run's wrong answer, or vLLM's NaN counter on user traffic."""
+    diagnosis_case: str = ""
+    """The last miss's case and reason, for the saturated/unreachable diagnosis."""
 
     @property
     def healthy(self) -> bool:
         return self.status in ("starting", "healthy")
+
+    @property
+    def ready(self) -> bool:
+        return self.status in READY
+
+    @property
+    def saturated(self) -> bool:
+        return self.status == "saturated"
 
     @property
     def corrupt(self) -> bool:
@@ -106,7 +130,7 @@ class CanaryState:
     def restarted(self) -> Status | None:
         """The server came back after not answering /health: the verdict was about the process that is
         gone, so start afresh (`starting`) when it was bad; returns the new status when it changed."""
-        if self.status not in ("corrupt", "unreachable", "hung"):
+        if self.status not in ("corrupt", "unreachable", "hung", "saturated"):
             return None
         self.status, self.consecutive_misses, self.passes_since_wrong = "starting", 0, 0
         self.cause = None
@@ -125,8 +149,33 @@ class CanaryState:
         )
         return self.status if self.status != before else None
 
-    def observe(self, case: str, outcome: Outcome, diagnosis: str) -> Status | None:
-        """Take one run's outcome; returns the new status when it changed."""
+    def observe_progressing(self, progressing: bool) -> Status | None:
+        """The engine's counters did (or did not) advance lately: a miss streak says `saturated` while
+        they do, `unreachable` once they do not. Other statuses are left alone."""
+        if self.status == "unreachable" and progressing:
+            self.status = "saturated"
+            self.diagnosis = self._late_text(self.diagnosis_case)
+            return self.status
+        if self.status == "saturated" and not progressing:
+            self.status = "unreachable"
+            self.diagnosis = self._missed_text(self.diagnosis_case)
+            return self.status
+        return None
+
+    def _late_text(self, last: str) -> str:
+        return (
+            f"{self.consecutive_misses} runs in a row got no answer in time while vLLM's counters "
+            f"advanced (busy, not broken; the replica stays ready); last: {last}"
+        )
+
+    def _missed_text(self, last: str) -> str:
+        return f"{self.consecutive_misses} runs in a row got no answer and no progress was seen; last: {last}"
+
+    def observe(
+        self, case: str, outcome: Outcome, diagnosis: str, progressing: bool = False
+    ) -> Status | None:
+        """Take one run's outcome (`progressing`: the engine's counters advanced lately); returns the new
+        status when it changed."""
         before = self.status
         if outcome == "wrong":
             self.status, self.passes_since_wrong, self.consecutive_misses = "corrupt", 0, 0
@@ -136,11 +185,11 @@ class CanaryState:
             return self.observe_misconfigured(f"{case}: {diagnosis}")
         elif outcome == "miss":
             self.consecutive_misses += 1
+            self.diagnosis_case = f"{case}: {diagnosis}"
             if self.status not in ("corrupt", "hung") and self.consecutive_misses >= self.miss_limit:
-                self.status = "unreachable"
-                self.diagnosis = (
-                    f"{self.consecutive_misses} runs in a row got no answer; last: {case}: {diagnosis}"
-                )
+                self.status = "saturated" if progressing else "unreachable"
+                late = self._late_text if progressing else self._missed_text
+                self.diagnosis = late(self.diagnosis_case)
         else:
             self.consecutive_misses = 0
             if self.status == "corrupt":

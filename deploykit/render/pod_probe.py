@@ -19,7 +19,8 @@ fail the probe only when it is fresh: written after this vLLM process started, a
 | verdict dated over 5 s in the future (a clock step, a forgery)| pass | pass  |
 | fresh `corrupt`                                               | fail | fail  |
 | fresh `hung` (requests waited, no token produced)             | fail | fail  |
-| fresh `unreachable`                                           | pass | fail  |
+| fresh `unreachable` (no answer, and no progress seen)         | pass | fail  |
+| fresh `saturated` (answers late, vLLM's counters advancing)   | pass | pass  |
 | fresh `unknown` (the canary stopped or crashed)               | pass | fail  |
 | fresh `misconfigured` (the canary's setup, not vLLM's output)  | pass | pass  |
 | fresh `starting` or `healthy`                                 | pass | pass  |
@@ -76,7 +77,11 @@ MAX_REASON_CHARS = 400
 # `unknown` is the last verdict of a canary that stopped or crashed (deploykit.canary.runner.final_verdict).
 # `misconfigured` (the canary's own setup: a key refused, a name not served, a request refused as too long)
 # fails neither probe: it says nothing of vLLM's output, and it is not `healthy` either (issue 34).
-STATUSES = frozenset({"starting", "healthy", "corrupt", "unreachable", "hung", "unknown", "misconfigured"})
+# `saturated` (the canary's answers late while vLLM's counters advance: a deep queue) fails neither: the
+# replica is serving, and taking it out would strand its queue or, with one replica, the Service (issue 45).
+STATUSES = frozenset(
+    {"starting", "healthy", "saturated", "corrupt", "unreachable", "hung", "unknown", "misconfigured"}
+)
 # Which fresh statuses fail which probe. Liveness restarts the container: only corruption and a hung engine
 # (which only a restart brings back; its /health may say 200 for hours) are worth that. Readiness only stops
 # routing: a server the canary cannot get answers from, or that nothing judges any more, gets no traffic.

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict
 
 from deploykit import __version__, net
+from deploykit.endpoint import Endpoint
 from deploykit.serve.console import ConsoleUI
 from deploykit.serve.driver import Stage, StageClock, drive, exit_code, finish
 from deploykit.serve.helpers import redact, secret_values
@@ -166,14 +167,13 @@ def _smoke(
             raise StageFailure(Stage.SECRETS, str(exc)) from None
         if not api_key:
             raise StageFailure(Stage.SECRETS, f"the API key variable {key_env} is not set")
+    endpoint = Endpoint(options.url, api_key=api_key, request_deadline_s=timeout)
     clock.enter(Stage.SMOKE)
-    ui.say(f"smoke: {len(requests)} request(s) against {net.redact_url(options.url)}")
+    ui.say(f"smoke: {len(requests)} request(s) against {endpoint.shown}")
     report, status = smoke_with_fix_check(
-        options.url,
+        endpoint,
         requests,
         expected=expected,
-        timeout_s=timeout,
-        api_key=api_key,
         special_ids=special,
         vocab_size=vocab,
         tie_tolerance=tie,
@@ -183,7 +183,7 @@ def _smoke(
     record.fixes_active = status.fixes_active
     if report.passed and loaded is not None:
         report, record.fingerprint = _with_fingerprint(
-            loaded, plan, options, api_key, status.fixes_active, report, ui
+            loaded, plan, options, endpoint, status.fixes_active, report, ui
         )
     record.cases = report.cases
     record.timings["smoke_s"] = round(report.elapsed_s, 4)
@@ -195,7 +195,7 @@ def _with_fingerprint(
     loaded: LoadedProfile,
     plan: Plan | None,
     options: SmokeOptions,
-    api_key: str | None,
+    endpoint: Endpoint,
     fixes_active: dict[str, str] | None,
     report: SmokeReport,
     ui: ConsoleUI,
@@ -206,8 +206,7 @@ def _with_fingerprint(
 
     check = check_for_server(
         loaded,
-        options.url,
-        api_key=api_key,
+        endpoint,
         store_url=options.store_url,
         store=options.store,
         facts_file=options.facts,
@@ -218,13 +217,6 @@ def _with_fingerprint(
     if check is None:
         return report, None
     profile = loaded.profile
-    case, fingerprint = fingerprint_case(
-        check,
-        options.url,
-        options.model or profile.served_name,
-        timeout_s=options.timeout_s or profile.smoke.timeout_s,
-        api_key=api_key,
-        readings=2,
-    )
+    case, fingerprint = fingerprint_case(check, endpoint, options.model or profile.served_name, readings=2)
     ui.case(case)
     return with_case(report, case), fingerprint

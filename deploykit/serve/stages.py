@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from deploykit import __version__, net
+from deploykit.endpoint import Endpoint
 from deploykit.logtail import tail
 from deploykit.serve.driver import Outcome, Stage, StageClock, drive
 from deploykit.serve.driver import (
@@ -248,6 +249,14 @@ def profile_api_key(profile: Profile, environ: Mapping[str, str] = os.environ) -
         raise StageFailure(Stage.SECRETS, str(exc)) from None
 
 
+def profile_endpoint(profile: Profile, base_url: str, environ: Mapping[str, str] = os.environ) -> Endpoint:
+    """The profile's server at `base_url` as the clients take it: its key (`profile_api_key`) and the
+    smoke's per-request deadline."""
+    return Endpoint(
+        base_url, api_key=profile_api_key(profile, environ), request_deadline_s=profile.smoke.timeout_s
+    )
+
+
 def smoke_attempt(attempt: Attempt, ui: ConsoleUI) -> SmokeReport:
     """The profile's smoke cases and the plan's fix check against the attempt's server."""
     from deploykit.smoke import requests_for_profile, special_token_ids, vocab_size
@@ -259,11 +268,9 @@ def smoke_attempt(attempt: Attempt, ui: ConsoleUI) -> SmokeReport:
     requests = requests_for_profile(profile)
     ui.say(f"smoke: {len(requests)} request(s) against {net.redact_url(attempt.base_url)}")
     report, status = smoke_with_fix_check(
-        attempt.base_url,
+        profile_endpoint(profile, attempt.base_url),
         requests,
         expected=attempt.plan.enabled_fixes,
-        timeout_s=profile.smoke.timeout_s,
-        api_key=profile_api_key(profile),
         special_ids=special_token_ids(attempt.plan.model_path),
         vocab_size=vocab_size(attempt.plan.model_path),
         tie_tolerance=profile.smoke.tie_tolerance,
@@ -306,12 +313,7 @@ def _with_fingerprint(attempt: Attempt, report: SmokeReport, ui: ConsoleUI) -> S
     profile = attempt.loaded.profile
     attempt.fingerprint_check = check = fingerprint_check_for(attempt)
     case, attempt.fingerprint = fingerprint_case(
-        check,
-        attempt.base_url,
-        profile.served_name,
-        timeout_s=profile.smoke.timeout_s,
-        api_key=profile_api_key(profile),
-        readings=2,
+        check, profile_endpoint(profile, attempt.base_url), profile.served_name, readings=2
     )
     ui.case(case)
     return with_case(report, case)

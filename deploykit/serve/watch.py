@@ -46,7 +46,7 @@ from deploykit.serve.stages import (
     Attempt,
     attempt_record,
     launch_environment,
-    profile_api_key,
+    profile_endpoint,
     run_to_verdict,
     smoke_attempt,
     start_vllm,
@@ -92,28 +92,25 @@ class RestartBudget:
 
 
 class CanaryWatch:
-    """The in-process canary on its own thread, and an event (`corrupt`) set by each run whose answers were
-    wrong and when the engine is hung: both mean vLLM must be restarted or stopped."""
+    """The in-process canary (its threads owned by a `CanaryRuntime`), and an event (`corrupt`) set by each
+    run whose answers were wrong and when the engine is hung: both mean vLLM must be restarted or stopped."""
 
     def __init__(self, canary: Canary, ui: ConsoleUI, http: bool) -> None:
+        from deploykit.canary.runtime import CanaryRuntime
+
         self.canary = canary
         self.ui = ui
         self.corrupt = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._poller_thread: threading.Thread | None = None
-        self._progress_thread: threading.Thread | None = None
-        self._http = None
         canary.on_run = self._on_run
         canary.on_warning = lambda message: ui.warn(message)
         canary.on_live_nan = self._on_live_nan
         canary.on_hung = self._on_hung
+        self.runtime = CanaryRuntime(
+            canary, on_loop_error=lambda exc: ui.warn(f"the canary stopped: {type(exc).__name__}: {exc}")
+        )
         if http:  # on the settings' `listen` address (`--canary-listen`), checked when they were made
-            from deploykit.canary.listener import serve_http
-
-            host, port = canary.config.settings.listen_address
-            self._http = serve_http(canary, host, port)
-            bound = self._http.server_address[1]
+            host, _ = canary.config.settings.listen_address
+            bound = self.runtime.open_listener("--canary-listen")
             ui.say(f"canary: /healthz and /metrics on http://{host}:{bound}")
 
     def _on_run(self, summary: RunSummary) -> None:
@@ -139,7 +136,7 @@ class CanaryWatch:
         self.corrupt.set()
 
     def _on_hung(self, diagnosis: str) -> None:
-        """No token for the bound while requests wait: the engine is hung, whatever /health says."""
+        """No work done for the bound while requests wait: the engine is hung, whatever /health says."""
         self.ui.warn(f"canary: HUNG: {diagnosis}")
         self.corrupt.set()
 
@@ -148,42 +145,23 @@ class CanaryWatch:
         text = self.canary.health()[1]
         return f"engine hung: {text}" if self.canary.state.hung else f"output corrupt: {text}"
 
-    def _loop(self) -> None:
-        try:
-            self.canary.run_forever(self._stop)
-        except Exception as exc:  # the canary must never take the server down with it
-            self.ui.warn(f"the canary stopped: {type(exc).__name__}: {exc}")
-
-    def start(self) -> None:
-        if self.canary.state.hung:  # a new vLLM: the hang was the old engine's (corruption waits for passes)
-            self.canary.server_restarted()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="deploykit-serve-canary", daemon=True)
-        self._thread.start()
-        poller = self.canary.nan_poller()
-        self._poller_thread = poller.start(self._stop) if poller is not None else None
-        progress = self.canary.progress_poller()
-        self._progress_thread = progress.start(self._stop) if progress is not None else None
+    def start(self, restarted: bool = False) -> None:
+        """Start (or, after serve restarted vLLM, resume) the checking. A restart is the server coming
+        back: the canary counts it, and a hang, which was the old engine's, is cleared (corruption waits
+        for passes)."""
+        if restarted:
+            self.canary.engine_replaced()
+        self.runtime.start()
 
     def pause(self) -> None:
-        """Stop the checking thread (a run in flight is abandoned, not judged: the loop returns within a
+        """Stop the checking threads (a run in flight is abandoned, not judged: the loop returns within a
         fraction of a second even when the run's request hangs); /healthz keeps answering."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=self.canary.config.request_timeout_s * 4 + 30)
-        for reader in (self._poller_thread, self._progress_thread):
-            if reader is not None:  # a read in flight ends within its timeout
-                reader.join(timeout=canary_defaults.METRICS_TIMEOUT_S * 2)
-        self._thread = self._poller_thread = self._progress_thread = None
+        self.runtime.pause()
         self.canary.forget_progress()  # the next server's engine is judged afresh
         self.corrupt.clear()
 
     def close(self) -> None:
-        self.pause()
-        if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
-            self._http = None
+        self.runtime.close()
 
 
 def start_watch(attempt: Attempt, ui: ConsoleUI) -> CanaryWatch | None:
@@ -199,10 +177,9 @@ def start_watch(attempt: Attempt, ui: ConsoleUI) -> CanaryWatch | None:
     config = config_for_profile(
         profile,
         attempt.loaded.id,
-        url=attempt.base_url,
+        endpoint=profile_endpoint(profile, attempt.base_url),
         model_path=attempt.plan.model_path,
         settings=options.canary,
-        api_key=profile_api_key(profile),
         store_url=options.store_url,
     )
     config.fingerprint = attempt.fingerprint_check  # the start-up smoke's key: the canary compares alike
@@ -294,7 +271,7 @@ def serve_foreground(attempt: Attempt, gate: SignalGate, ui: ConsoleUI) -> int:
                 if not passed:
                     watch.corrupt.set()  # the restarted server's smoke failed: corruption again
                     continue
-                watch.start()
+                watch.start(restarted=True)
     finally:
         if watch is not None:
             watch.close()

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from deploykit.endpoint import Endpoint
 from deploykit.http_bounded import ANSWER_CAP_BYTES, fetch
 from deploykit.smoke.consistency import DEFAULT_LOGPROB_TOLERANCE, DEFAULT_TIE_TOLERANCE, judge_consistency
 from deploykit.smoke.judge import judge, summarise
@@ -17,23 +18,24 @@ from deploykit.smoke.models import CaseResult, Exchange, SmokeReport, SmokeReque
 
 @dataclass(frozen=True)
 class Server:
-    """Where the requests go and what goes with each: the base URL, the API key's header, the size cap."""
+    """Where the requests go and what goes with each: the endpoint (URL, key, deadline), any header of the
+    caller's own (trace's X-Request-Id) and the size cap. The key's header is the endpoint's alone."""
 
-    base_url: str
-    headers: dict[str, str] = field(default_factory=dict)
+    endpoint: Endpoint
+    extra_headers: Mapping[str, str] = field(default_factory=dict)
     max_bytes: int = ANSWER_CAP_BYTES
 
-    @classmethod
-    def at(cls, base_url: str, api_key: str | None = None, max_bytes: int = ANSWER_CAP_BYTES) -> Server:
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        return cls(base_url.rstrip("/"), headers, max_bytes)
+    @property
+    def headers(self) -> dict[str, str]:
+        return {**self.extra_headers, **self.endpoint.headers()}
 
 
-def send(server: Server, request: SmokeRequest, timeout_s: float) -> Exchange:
-    """POST one request, ended at `timeout_s` all told (connect to last byte) or at the size cap; never
-    raises for HTTP trouble, the Exchange says what happened."""
+def send(server: Server, request: SmokeRequest) -> Exchange:
+    """POST one request, ended at the endpoint's request deadline all told (connect to last byte) or at the
+    size cap; never raises for HTTP trouble, the Exchange says what happened."""
+    timeout_s = server.endpoint.request_deadline_s
     reply = fetch(
-        server.base_url + request.endpoint,
+        server.endpoint.at(request.endpoint),
         method="POST",
         json_body=request.body,
         headers=server.headers,
@@ -48,7 +50,7 @@ def send(server: Server, request: SmokeRequest, timeout_s: float) -> Exchange:
     elif reply.failure == "transport":
         from deploykit.net import redact_text  # an exception's text can carry the URL or a header value
 
-        exchange.transport_error = redact_text(reply.problem)
+        exchange.transport_error = redact_text(reply.problem, server.endpoint.secrets)
     else:
         exchange.raw_text = reply.text
         try:
@@ -102,31 +104,29 @@ def batches(requests: Sequence[SmokeRequest]) -> list[list[SmokeRequest]]:
 
 
 def run_smoke(
-    base_url: str,
+    endpoint: Endpoint,
     requests: Sequence[SmokeRequest],
     *,
-    timeout_s: float,
-    api_key: str | None = None,
     special_ids: frozenset[int] = frozenset(),
     vocab_size: int | None = None,
     on_case: Callable[[CaseResult], None] | None = None,
     tie_tolerance: float = DEFAULT_TIE_TOLERANCE,
     logprob_tolerance: float = DEFAULT_LOGPROB_TOLERANCE,
 ) -> SmokeReport:
-    """Send each request in order and judge it; `on_case(result)` is called after each. One result per
-    request, whatever the server answered."""
-    server = Server.at(base_url, api_key)
+    """Send each request in order, each within `endpoint.request_deadline_s`, and judge it; `on_case(result)`
+    is called after each. One result per request, whatever the server answered."""
+    server = Server(endpoint)
     started = time.monotonic()
     results: list[CaseResult] = []
     done: dict[str, tuple[SmokeRequest, Exchange, CaseResult]] = {}
     for batch in batches(requests):
         if len(batch) == 1:
-            exchanges = [send(server, batch[0], timeout_s)]
+            exchanges = [send(server, batch[0])]
         else:
             from concurrent.futures import ThreadPoolExecutor
 
             with ThreadPoolExecutor(max_workers=len(batch)) as pool:
-                exchanges = list(pool.map(lambda r: send(server, r, timeout_s), batch))
+                exchanges = list(pool.map(lambda r: send(server, r), batch))
         for request, exchange in zip(batch, exchanges, strict=True):
             result = judged(request, exchange, special_ids, vocab_size)
             reference = done.get(request.compare_to) if request.compare_to else None

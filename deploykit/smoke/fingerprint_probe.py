@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from deploykit.endpoint import Endpoint
 from deploykit.smoke.client import Server, send
 from deploykit.smoke.fingerprint import (
     PROBE_PROMPTS,
@@ -69,24 +70,23 @@ def _answers(requests: Sequence[SmokeRequest], exchanges: Sequence[Exchange]) ->
 
 
 def take_fingerprint(
-    base_url: str,
+    endpoint: Endpoint,
     served_name: str,
     *,
     dtype: str | None,
     top_k: int,
-    timeout_s: float,
-    api_key: str | None = None,
     readings: int = 2,
     tolerance_override: float | None = None,
 ) -> Fingerprint:
-    """The probe set's answers (`readings` 2: alone, then together; 1: together). Raises ProbeFailed."""
+    """The probe set's answers (`readings` 2: alone, then together; 1: together), each probe within the
+    endpoint's request deadline. Raises ProbeFailed."""
     requests = _requests(served_name, top_k)
-    server = Server.at(base_url, api_key)
+    server = Server(endpoint)
     together_readings: list[list[ProbeAnswer]] = []
     if readings >= 2:
-        together_readings.append(_answers(requests, [send(server, r, timeout_s) for r in requests]))
+        together_readings.append(_answers(requests, [send(server, r) for r in requests]))
     with ThreadPoolExecutor(max_workers=len(requests)) as pool:
-        exchanges = list(pool.map(lambda r: send(server, r, timeout_s), requests))
+        exchanges = list(pool.map(lambda r: send(server, r), requests))
     together_readings.append(_answers(requests, exchanges))
     first = together_readings[0]
     noise = reading_noise(first, together_readings[-1]) if len(together_readings) > 1 else 0.0

@@ -22,6 +22,7 @@ from deploykit.smoke.judge import summarise
 from deploykit.smoke.models import CaseResult
 
 if TYPE_CHECKING:
+    from deploykit.endpoint import Endpoint
     from deploykit.smoke.models import SmokeReport, SmokeRequest
 
 CASE_NAME = "fixes"
@@ -29,6 +30,8 @@ NONE_WORD = "none"
 PLUGIN_NOT_LOADED = "deploykit's plugin is not loaded by this server"
 # A diagnosis names this many ranks at most (a 64-rank world lacking a fix everywhere is one line, not 64).
 MAX_RANKS_NAMED = 4
+STATUS_DEADLINE_S = 60.0
+"""The most seconds a read of the status route waits, whatever the endpoint's request deadline."""
 
 
 class ServerFixStatus(BaseModel):
@@ -70,16 +73,20 @@ def parse_expect_fixes(text: str, known: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def read_status(base_url: str, *, timeout_s: float = 30.0, api_key: str | None = None) -> ServerFixStatus:
+def read_status(endpoint: Endpoint, *, timeout_s: float | None = None) -> ServerFixStatus:
     """GET the status route with the server's API key (the route answers 401 without it when the server has
-    one); never raises for HTTP trouble."""
+    one), within `timeout_s` (default: the endpoint's request deadline, at most STATUS_DEADLINE_S: the
+    route answers at once or not at all); never raises for HTTP trouble."""
     import json
 
     from deploykit.http_bounded import LISTING_CAP_BYTES, fetch
 
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    deadline_s = timeout_s if timeout_s is not None else min(endpoint.request_deadline_s, STATUS_DEADLINE_S)
     reply = fetch(
-        base_url.rstrip("/") + STATUS_PATH, headers=headers, deadline_s=timeout_s, max_bytes=LISTING_CAP_BYTES
+        endpoint.at(STATUS_PATH),
+        headers=endpoint.headers(),
+        deadline_s=deadline_s,
+        max_bytes=LISTING_CAP_BYTES,
     )
     elapsed = reply.elapsed_s
     if not reply.ok:
@@ -88,7 +95,7 @@ def read_status(base_url: str, *, timeout_s: float = 30.0, api_key: str | None =
         return ServerFixStatus(
             route="error",
             http_status=reply.status,
-            detail=redact_text(reply.problem, [api_key or ""]),
+            detail=redact_text(reply.problem, endpoint.secrets),
             latency_s=elapsed,
         )
     response_status = reply.status or 0
@@ -101,7 +108,7 @@ def read_status(base_url: str, *, timeout_s: float = 30.0, api_key: str | None =
     if response_status == 401:  # the route is guarded like /v1 when the server has an API key
         why = (
             "the key sent was refused"
-            if api_key
+            if endpoint.api_key
             else "no key was sent (name its variable: --api-key-env VAR or the profile's serve.api_key_env)"
         )
         return ServerFixStatus(
@@ -260,12 +267,10 @@ def fix_case(expected: Sequence[str], status: ServerFixStatus) -> CaseResult:
 
 
 def smoke_with_fix_check(
-    base_url: str,
+    endpoint: Endpoint,
     requests: Sequence[SmokeRequest],
     *,
     expected: Sequence[str],
-    timeout_s: float,
-    api_key: str | None,
     special_ids: frozenset[int],
     tie_tolerance: float,
     logprob_tolerance: float,
@@ -279,17 +284,15 @@ def smoke_with_fix_check(
     from deploykit.smoke import client  # looked up per call: a test replaces `client.run_smoke`
 
     report = client.run_smoke(
-        base_url,
+        endpoint,
         requests,
-        timeout_s=timeout_s,
-        api_key=api_key,
         special_ids=special_ids,
         vocab_size=vocab_size,
         on_case=on_case,
         tie_tolerance=tie_tolerance,
         logprob_tolerance=logprob_tolerance,
     )
-    status = read_status(base_url, timeout_s=min(timeout_s, 60.0), api_key=api_key)
+    status = read_status(endpoint)
     if expected:
         case = fix_case(expected, status)
         if on_case is not None:

@@ -26,6 +26,7 @@ from deploykit.serve.driver import INPUT_STAGES, Stage, StageClock, drive, exit_
 from deploykit.serve.stages import StageFailure
 
 if TYPE_CHECKING:
+    from deploykit.endpoint import Endpoint
     from deploykit.profile.schema import Profile, SmokeCase
     from deploykit.results.record import ResultRecord, Verdict
     from deploykit.serve.launch import ServerProcess
@@ -97,15 +98,14 @@ def request_id(index: int, request: SmokeRequest) -> str:
 
 
 def send_cases(
-    base_url: str,
+    endpoint: Endpoint,
     requests: Sequence[SmokeRequest],
     *,
-    timeout_s: float,
-    api_key: str | None,
     special_ids: frozenset[int],
     on_case: Any = None,
 ) -> tuple[list[CaseResult], dict[str, str]]:
-    """One request at a time, each with its own X-Request-Id; stops after the first that fails."""
+    """One request at a time, each with its own X-Request-Id (the hooks' traces are named by it) and within
+    the endpoint's request deadline; stops after the first that fails."""
     from deploykit.smoke.client import Server, judged, send
 
     results: list[CaseResult] = []
@@ -113,9 +113,8 @@ def send_cases(
     for index, request in enumerate(requests):
         rid = request_id(index, request)
         names[rid] = request.name
-        headers = {"X-Request-Id": rid, **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
-        server = Server(base_url.rstrip("/"), headers)
-        result = judged(request, send(server, request, timeout_s), special_ids)
+        server = Server(endpoint, {"X-Request-Id": rid})
+        result = judged(request, send(server, request), special_ids)
         results.append(result)
         if on_case is not None:
             on_case(result)
@@ -189,7 +188,7 @@ class _TraceRun:
             launch_environment,
             load,
             probe_machine,
-            profile_api_key,
+            profile_endpoint,
             start_vllm,
             wait_healthy,
         )
@@ -238,10 +237,8 @@ class _TraceRun:
         requests = requests_for_profile(profile, cases)
         requests_started = time.monotonic()
         results, names = send_cases(
-            base_url,
+            profile_endpoint(profile, base_url),
             requests,
-            timeout_s=profile.smoke.timeout_s,
-            api_key=profile_api_key(profile),
             special_ids=special_token_ids(plan.model_path),
             on_case=lambda r: say(
                 f"  {'ok  ' if r.passed else 'FAIL'} {r.name:<12} ids {r.first_ids[:8]}"

@@ -20,8 +20,10 @@ from deploykit.canary.config import CanaryOptions, build_config, config_for_prof
 from deploykit.canary.listener import serve_http
 from deploykit.canary.rotation import CANARY_LONG_PROMPT_TOKENS, case_labels, rotation_for, run_requests
 from deploykit.canary.runner import Canary, CanaryConfig, RunSummary
+from deploykit.canary.runtime import run_loop
 from deploykit.canary.settings import SETTINGS, CanarySettings, parse_listen
 from deploykit.canary.state import CanaryState, outcome_of
+from deploykit.endpoint import Endpoint
 from deploykit.profile.load import load_profile
 from deploykit.profile.schema import Profile, SmokeCase
 from deploykit.results.sql.store import open_store
@@ -76,9 +78,10 @@ def make(tmp_path: Path, *reports: SmokeReport, **config: Any) -> tuple[Canary, 
     script, clock = Script(*reports), Clock()
     cases = config.pop("cases", [SmokeCase(kind="completion"), SmokeCase(kind="repeat")])
     settings = {"every_s": 5, **{name: config.pop(name) for name in SETTINGS if name in config}}
+    endpoint = Endpoint("http://127.0.0.1:1", config.pop("api_key", None))
     canary = Canary(
         CanaryConfig(
-            url="http://127.0.0.1:1",
+            endpoint=endpoint,
             served_name="tiny",
             cases=cases,
             settings=CanarySettings(**settings),
@@ -284,9 +287,9 @@ def test_verdict_file_says_starting_then_each_runs_verdict_rewritten_every_run(t
     seen: list[dict[str, Any]] = []
     stop = threading.Event()
 
-    def runner(url: str, requests: Any, **kwargs: Any) -> SmokeReport:
+    def runner(endpoint: Endpoint, requests: Any, **kwargs: Any) -> SmokeReport:
         seen.append(read_json(path))  # what the file says before each run
-        return script(url, requests, **kwargs)
+        return script(endpoint, requests, **kwargs)
 
     def on_run(summary: RunSummary) -> None:
         clock.now += 5
@@ -294,7 +297,7 @@ def test_verdict_file_says_starting_then_each_runs_verdict_rewritten_every_run(t
             stop.set()
 
     canary.runner, canary.on_run = runner, on_run
-    canary.run_forever(stop)
+    run_loop(canary, stop)
     seen.append(read_json(path))
     assert [v["status"] for v in seen] == ["starting", "healthy", "healthy", "corrupt"]
     assert seen[0] == {
@@ -420,7 +423,7 @@ good = summarise(
 )
 runs = []
 
-def runner(url, requests, **kwargs):
+def runner(endpoint, requests, **kwargs):
     runs.append(1)
     if len(runs) == 3:  # mid-run: this run is abandoned, not judged
         os.kill(os.getpid(), signal.SIGINT)
@@ -428,8 +431,9 @@ def runner(url, requests, **kwargs):
 
 real_canary = module.Canary
 module.Canary = lambda config, **kw: real_canary(config, runner=runner, **kw)
+from deploykit.endpoint import Endpoint
 module.build_config = lambda options: module.CanaryConfig(
-    url=options.url, served_name="m", cases=[SmokeCase(kind="completion")],
+    endpoint=Endpoint(options.url), served_name="m", cases=[SmokeCase(kind="completion")],
     settings=options.settings.replace(every_s=0.1), store=False,
     verdict_file=options.verdict_file,
 )
@@ -462,8 +466,9 @@ def test_the_cli_passes_verdict_file_on(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_build_config_carries_the_verdict_file(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("deploykit.canary.discovery.discover_model", lambda url, key, wanted: ("tiny", 2048))
+    monkeypatch.setattr("deploykit.canary.discovery.discover_model", lambda endpoint, wanted: ("tiny", 2048))
     config = build_config(CanaryOptions(url="http://127.0.0.1:1", verdict_file="/run/v.json"))
     assert config.verdict_file == "/run/v.json"
     profile = load_profile("demo-cpu").profile
-    assert config_for_profile(profile, None, url="u", model_path=None, verdict_file="/v").verdict_file == "/v"
+    made = config_for_profile(profile, None, endpoint=Endpoint("u"), model_path=None, verdict_file="/v")
+    assert made.verdict_file == "/v"

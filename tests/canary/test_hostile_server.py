@@ -18,9 +18,11 @@ from typing import Any
 
 import pytest
 
-from deploykit.canary.nan_counter import NanCounterPoller
+from deploykit.canary.nan_counter import NanCounterFollower
 from deploykit.canary.runner import Canary, CanaryConfig
+from deploykit.canary.server_page import read_page
 from deploykit.canary.settings import CanarySettings
+from deploykit.endpoint import Endpoint
 from deploykit.profile.schema import SmokeCase
 from tests.cli_process import PythonProcess, run_deploykit, start_python
 from tests.smoke.hostile_server import HOSTILE_TEXT, MODEL, SHOWN_ESCAPED, Hostile, acted_on
@@ -33,7 +35,7 @@ METRICS_RSS_CAP_MIB = 64
 
 def canary_for(url: str) -> Canary:
     config = CanaryConfig(
-        url=url,
+        endpoint=Endpoint(url),
         served_name=MODEL,
         cases=[SmokeCase(kind="completion")],
         settings=CanarySettings(timeout_s=DEADLINE_S, metrics_every_s=0),
@@ -87,8 +89,8 @@ def test_the_first_look_and_the_health_check_end_at_their_deadlines() -> None:
 
     with Hostile(slow_listing=True).serving() as url:
         started = time.monotonic()
-        assert served_models(url, None, timeout_s=DEADLINE_S) is None  # no answer in time: not vLLM yet
-        assert not server_health_ok(url, DEADLINE_S)
+        assert served_models(Endpoint(url), timeout_s=DEADLINE_S) is None  # no answer in time: not vLLM yet
+        assert not server_health_ok(Endpoint(url), DEADLINE_S)
         took = time.monotonic() - started
     assert took < 2 * DEADLINE_S + DEADLINE_SLACK_S, took
 
@@ -97,8 +99,8 @@ def poll(hostile: Hostile, reads: int) -> tuple[list[float], list[str]]:
     grown: list[float] = []
     warnings: list[str] = []
     with hostile.serving() as url:
-        poller = NanCounterPoller(url, on_warning=warnings.append)
-        grown = [poller.poll_once() for _ in range(reads)]
+        follower = NanCounterFollower(on_warning=warnings.append)
+        grown = [follower.take(read_page(Endpoint(url)).nan) for _ in range(reads)]
     return grown, warnings
 
 
@@ -117,11 +119,24 @@ def test_an_exemplar_after_the_value_is_not_the_value() -> None:
 
 METRICS_CHILD = """
 import json, resource, sys, time
-from deploykit.canary.nan_counter import NanCounterPoller
+from deploykit.canary.runner import Canary, CanaryConfig
+from deploykit.canary.server_page import read_page
+from deploykit.canary.settings import CanarySettings
+from deploykit.endpoint import Endpoint
+from deploykit.profile.schema import SmokeCase
 warnings = []
-poller = NanCounterPoller(sys.argv[1], timeout_s=30, on_warning=warnings.append)
+config = CanaryConfig(
+    endpoint=Endpoint(sys.argv[1]), served_name="m", cases=[SmokeCase(kind="completion")],
+    settings=CanarySettings(metrics_every_s=2), store=False, hung_after_s=0,
+)
+canary = Canary(config, on_warning=warnings.append)
+endpoint = Endpoint(sys.argv[1], metrics_deadline_s=30)
 started = time.monotonic()
-grown = [poller.poll_once() for _ in range(3)]
+grown = []
+for _ in range(3):
+    before = canary.metrics.live_nan._value.get()
+    canary.take_page(read_page(endpoint))
+    grown.append(canary.metrics.live_nan._value.get() - before)
 print(json.dumps({
     "grown": grown, "warnings": warnings, "took": time.monotonic() - started,
     "maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

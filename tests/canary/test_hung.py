@@ -22,16 +22,21 @@ import pytest
 
 from deploykit.canary import defaults
 from deploykit.canary.progress import (
+    ITERATION_HISTOGRAM,
     QUEUE_GAUGES,
+    SLEEP_GAUGE,
     TOKEN_COUNTERS,
-    ProgressPoller,
+    WEIGHT_UPDATES_GAUGE,
     ProgressReading,
     ProgressWatch,
     read_progress,
 )
 from deploykit.canary.runner import Canary, CanaryConfig
+from deploykit.canary.runtime import CanaryRuntime
+from deploykit.canary.server_page import read_page
 from deploykit.canary.settings import SETTINGS, CanarySettings
 from deploykit.canary.state import CanaryState
+from deploykit.endpoint import Endpoint
 from deploykit.profile.schema import SmokeCase
 from deploykit.smoke import CaseResult, SmokeReport, summarise
 from tests.cli_process import PythonProcess, start_python
@@ -82,8 +87,10 @@ def test_the_metric_names_are_the_installed_vllms() -> None:
     spec = importlib.util.find_spec("vllm")
     assert spec is not None and spec.origin is not None
     source = (Path(spec.origin).parent / "v1" / "metrics" / "loggers.py").read_text(encoding="utf-8")
-    for name in (*TOKEN_COUNTERS, *QUEUE_GAUGES):
+    for name in (*TOKEN_COUNTERS, *QUEUE_GAUGES, ITERATION_HISTOGRAM, SLEEP_GAUGE):
         assert f'name="{name}"' in source, name
+    online = Path(spec.origin).parent / "entrypoints" / "rl" / "online" / "metrics.py"
+    assert f'"{WEIGHT_UPDATES_GAUGE}"' in online.read_text(encoding="utf-8")
 
 
 def test_read_progress_sums_engines_and_needs_the_token_counters() -> None:
@@ -127,7 +134,7 @@ def make_canary(tmp_path: Path, **config: Any) -> Canary:
     settings = {name: config.pop(name) for name in SETTINGS if name in config}
     return Canary(
         CanaryConfig(
-            url="http://127.0.0.1:1",
+            endpoint=Endpoint("http://127.0.0.1:1"),
             served_name="m",
             cases=[SmokeCase(kind="completion")],
             settings=CanarySettings(**settings),
@@ -201,8 +208,8 @@ def test_corruption_beats_hung_and_a_restart_clears_hung() -> None:
 
 
 def test_hung_off_with_a_zero_bound(tmp_path: Path) -> None:
-    canary = make_canary(tmp_path, hung_after_s=0.0)
-    assert canary.progress_poller() is None
+    canary = make_canary(tmp_path, hung_after_s=0.0, metrics_every_s=0.0)
+    assert not canary.config.reads_page
     canary.observe_progress(ProgressReading(tokens=9, queued=2), now=0.0)
     assert canary.observe_progress(ProgressReading(tokens=9, queued=2), now=1e6) is None
 
@@ -234,12 +241,10 @@ class MetricsPage(BaseHTTPRequestHandler):
 def test_the_poller_tells_hung_from_busy_on_a_real_server(tmp_path: Path, advance: int) -> None:
     handler = type("Page", (MetricsPage,), {"advance": advance, "reads": 0})
     with serving(handler) as url:
-        canary = make_canary(tmp_path, hung_after_s=0.5, progress_every_s=0.05)
-        canary.config.url = url
-        poller = canary.progress_poller()
-        assert poller is not None
-        stop = threading.Event()
-        thread = poller.start(stop)
+        canary = make_canary(tmp_path, hung_after_s=0.5, progress_every_s=0.05, metrics_every_s=0.0)
+        canary.config.endpoint = Endpoint(url)
+        runtime = CanaryRuntime(canary)
+        runtime.start(runs=False)
         # Reads, not time: enough of them to span the bound several times over.
         deadline = time.monotonic() + 60
         while handler.reads < 40 and time.monotonic() < deadline and canary.state.status != "hung":
@@ -247,8 +252,7 @@ def test_the_poller_tells_hung_from_busy_on_a_real_server(tmp_path: Path, advanc
         if advance == 0:
             while canary.state.status != "hung" and time.monotonic() < deadline:
                 time.sleep(0.05)
-        stop.set()
-        thread.join(10)
+        runtime.close()
     assert canary.state.status == ("hung" if advance == 0 else "starting")
 
 
@@ -268,7 +272,8 @@ def test_the_poller_reads_a_capped_page(tmp_path: Path) -> None:
             return
 
     with serving(Huge) as url:
-        assert ProgressPoller(url, timeout_s=10).fetch() is None
+        page = read_page(Endpoint(url, metrics_deadline_s=10))
+    assert page.too_big and page.progress is None and page.nan is None
 
 
 # --- a stuck or dead canary ----------------------------------------------------------------------------
@@ -302,7 +307,7 @@ good = summarise(
 )
 runs = []
 
-def runner(url, requests, **kwargs):
+def runner(endpoint, requests, **kwargs):
     runs.append(1)
     if len(runs) == 2:
         marker.write_text("in the second run")
@@ -313,8 +318,9 @@ def runner(url, requests, **kwargs):
 
 real_canary = module.Canary
 module.Canary = lambda config, **kw: real_canary(config, runner=runner, **kw)
+from deploykit.endpoint import Endpoint
 module.build_config = lambda options: module.CanaryConfig(
-    url=options.url, served_name="m", cases=[SmokeCase(kind="completion")],
+    endpoint=Endpoint(options.url), served_name="m", cases=[SmokeCase(kind="completion")],
     settings=options.settings.replace(every_s=0.1), store=False,
     verdict_file=options.verdict_file, hung_after_s=0,
 )
@@ -376,3 +382,116 @@ def test_a_crash_writes_a_final_verdict_that_is_not_healthy(tmp_path: Path) -> N
     final = json.loads(verdict.read_text())
     assert final["status"] == "unknown" and final["final"] is True
     assert final["diagnosis"] == "the canary crashed: TypeError: an answer nobody expected"
+
+
+# --- steps count, and an engine quiet on purpose is not hung (issue 45) -------------------------------
+
+
+def quiet_page(tokens: float, steps: float = 0, awake: int = 1, updates: int = 0) -> str:
+    """`page` with vLLM 0.32's iteration histogram, sleep-state gauge and weight-update gauge."""
+    labels = 'engine="0",model_name="m"'
+    return page(tokens, running=1) + "\n".join(
+        [
+            "# TYPE vllm:iteration_tokens_total histogram",
+            f'vllm:iteration_tokens_total_bucket{{engine="0",le="+Inf",model_name="m"}} {steps}',
+            f'vllm:iteration_tokens_total_count{{engine="0",model_name="m"}} {steps}',
+            f'vllm:iteration_tokens_total_sum{{engine="0",model_name="m"}} {steps * 64}',
+            "# TYPE vllm:engine_sleep_state gauge",
+            f'vllm:engine_sleep_state{{{labels},sleep_state="awake"}} {awake}',
+            f'vllm:engine_sleep_state{{{labels},sleep_state="weights_offloaded"}} {1 - awake}',
+            "# TYPE vllm:rl_weight_update_operations_in_flight gauge",
+            f"vllm:rl_weight_update_operations_in_flight {updates}",
+            "",
+        ]
+    )
+
+
+def test_read_progress_reads_steps_sleep_and_weight_updates() -> None:
+    reading = read_progress(quiet_page(10, steps=3))
+    assert reading is not None and reading.steps == 3 + 3 * 64 and reading.quiet_on_purpose is None
+    asleep = read_progress(quiet_page(10, awake=0))
+    assert asleep is not None and asleep.asleep and "sleeps" in (asleep.quiet_on_purpose or "")
+    loading = read_progress(quiet_page(10, updates=1))
+    assert loading is not None and loading.reloading and "weights" in (loading.quiet_on_purpose or "")
+
+
+def test_a_long_prefill_whose_steps_advance_is_not_hung(tmp_path: Path) -> None:
+    """A long prompt's prefill chunks move no token counter until its first token: each chunk is an engine
+    step, and vLLM's iteration histogram counts it. Without the steps this read as hung at 60 s."""
+    canary = make_canary(tmp_path, hung_after_s=60.0)
+    for second in range(0, 300, 2):
+        reading = read_progress(quiet_page(tokens=100, steps=second))
+        assert canary.observe_progress(reading, now=float(second)) is None
+    assert canary.state.status == "starting"
+    without_steps = make_canary(tmp_path, hung_after_s=60.0)
+    statuses = [
+        without_steps.observe_progress(read_progress(quiet_page(tokens=100, steps=0)), now=float(second))
+        for second in range(0, 300, 2)
+    ]
+    assert "hung" in statuses  # the same reads, steps standing still: hung
+
+
+@pytest.mark.parametrize("quiet", ["asleep", "reloading", "paused"])
+def test_an_engine_quiet_on_purpose_is_not_hung_and_the_clock_starts_when_it_wakes(
+    tmp_path: Path, quiet: str
+) -> None:
+    canary = make_canary(tmp_path, hung_after_s=60.0)
+    kwargs = {"asleep": {"awake": 0}, "reloading": {"updates": 1}, "paused": {}}[quiet]
+    for second in range(0, 600, 2):  # ten minutes asleep / loading / paused, requests queued
+        reading = read_progress(quiet_page(tokens=50, steps=5, **kwargs))
+        assert canary.observe_progress(reading, now=float(second), paused=quiet == "paused") is None
+    awake = read_progress(quiet_page(tokens=50, steps=5))
+    assert canary.observe_progress(awake, now=630.0) is None  # 30 s after it woke: not yet
+    assert canary.observe_progress(awake, now=660.5) == "hung"  # woke at 598 s, nothing done since
+
+
+class PausablePage(BaseHTTPRequestHandler):
+    """vLLM in development mode: /metrics standing still, /is_paused saying `paused` (404 without it)."""
+
+    paused: bool | None = True
+    asked = 0
+
+    def do_GET(self) -> None:
+        cls = type(self)
+        if self.path == "/is_paused":
+            cls.asked += 1
+            if cls.paused is None:
+                self.send_error(404)
+                return
+            body = json.dumps({"is_paused": cls.paused}).encode()
+        else:
+            body = quiet_page(tokens=7, steps=2).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+
+def test_is_paused_is_asked_only_while_the_counters_stand_still_and_never_without_the_route() -> None:
+    from deploykit.canary.server_page import PageReader
+
+    paused = type("Paused", (PausablePage,), {"paused": True, "asked": 0})
+    with serving(paused) as url:
+        reader = PageReader()
+        pages = [reader.read(Endpoint(url)) for _ in range(3)]
+    assert [page.paused for page in pages] == [False, True, True] and paused.asked == 2
+    routeless = type("Routeless", (PausablePage,), {"paused": None, "asked": 0})
+    with serving(routeless) as url:
+        reader = PageReader()
+        pages = [reader.read(Endpoint(url)) for _ in range(4)]
+    assert not any(page.paused for page in pages) and routeless.asked == 1  # a 404 once, then never
+
+
+def test_the_server_start_time_is_exported_from_its_first_reading_only(tmp_path: Path) -> None:
+    """The restart-cap alert counts its changes (`changes()`): a 0 before the first reading would count."""
+    from deploykit.canary.server_page import ServerPage
+
+    canary = make_canary(tmp_path, hung_after_s=60.0)
+    assert b"server_start_timestamp" not in canary.metrics.text()
+    reading = read_progress(quiet_page(tokens=1) + "process_start_time_seconds 1.7966e+09\n")
+    assert reading is not None and reading.started == 1.7966e9
+    canary.take_page(ServerPage(progress=reading))
+    assert b"deploykit_canary_server_start_timestamp_seconds 1.7966e+09" in canary.metrics.text()

@@ -19,9 +19,10 @@ from typing import Any
 import pytest
 
 from deploykit.canary import defaults
-from deploykit.canary.loop import run_stoppable
 from deploykit.canary.runner import Canary, CanaryConfig
+from deploykit.canary.runtime import run_loop, run_stoppable
 from deploykit.canary.settings import SETTINGS, CanarySettings
+from deploykit.endpoint import Endpoint
 from deploykit.profile.schema import SmokeCase
 from deploykit.render.pod_probe import decide
 from deploykit.smoke import CaseResult, SmokeReport, summarise
@@ -34,7 +35,7 @@ WAIT_S = 120.0
 
 def canary_for(url: str, tmp_path: Path, **changes: Any) -> Canary:
     config = CanaryConfig(
-        url=url,
+        endpoint=Endpoint(url),
         served_name=MODEL,
         cases=[SmokeCase(kind="completion")],
         settings=CanarySettings(timeout_s=5.0, metrics_every_s=0),
@@ -88,15 +89,15 @@ def test_corrupt_stays_corrupt_through_a_misconfigured_run_and_a_pass_clears_mis
         canary = canary_for(url, tmp_path)
         canary.run_once()
     with Hostile("http-401").serving() as url:
-        canary.config.url = url
+        canary.config.endpoint = Endpoint(url)
         canary.run_once()
     assert canary.state.corrupt  # a refused key hides no corruption
     fresh = canary_for("http://127.0.0.1:1", tmp_path)
     with Hostile("http-404").serving() as url:
-        fresh.config.url = url
+        fresh.config.endpoint = Endpoint(url)
         fresh.run_once()
     with Hostile("good").serving() as url:
-        fresh.config.url = url
+        fresh.config.endpoint = Endpoint(url)
         fresh.run_once()
     assert fresh.state.status == "healthy"
 
@@ -145,7 +146,7 @@ GOOD = summarise(
 def scripted(tmp_path: Path, runner: Any, keep_running: bool, **changes: Any) -> Canary:
     settings = {name: changes.pop(name) for name in SETTINGS if name in changes}
     config = CanaryConfig(
-        url="http://127.0.0.1:1",
+        endpoint=Endpoint("http://127.0.0.1:1"),
         served_name="m",
         cases=[SmokeCase(kind="completion")],
         settings=CanarySettings(every_s=0.1, metrics_every_s=0, **settings),
@@ -162,7 +163,7 @@ def test_a_crash_of_the_canary_s_own_run_is_misconfigured_with_keep_running(tmp_
     calls: list[int] = []
     stop = threading.Event()
 
-    def runner(url: str, requests: Any, **kwargs: Any) -> SmokeReport:
+    def runner(endpoint: Endpoint, requests: Any, **kwargs: Any) -> SmokeReport:
         calls.append(1)
         if len(calls) == 1:
             raise TypeError("an answer nobody expected")
@@ -170,12 +171,12 @@ def test_a_crash_of_the_canary_s_own_run_is_misconfigured_with_keep_running(tmp_
         return GOOD
 
     with pytest.raises(TypeError):
-        scripted(tmp_path, runner, keep_running=False).run_forever(threading.Event())
+        run_loop(scripted(tmp_path, runner, keep_running=False), threading.Event())
     calls.clear()
     seen: list[str] = []
     canary = scripted(tmp_path, runner, keep_running=True)
     canary.on_warning = seen.append
-    canary.run_forever(stop)
+    run_loop(canary, stop, keep_running=True)
     assert len(calls) == 2  # the loop went on after the crash
     assert any("MISCONFIGURED: the canary's own run failed (TypeError" in line for line in seen), seen
     assert canary.state.status == "healthy"  # the next run passed
@@ -187,7 +188,7 @@ def test_a_run_stuck_in_the_canary_is_abandoned_not_waited_on(
     monkeypatch.setattr(defaults, "RUN_GRACE_S", 0.0)
     release = threading.Event()
 
-    def runner(url: str, requests: Any, **kwargs: Any) -> SmokeReport:
+    def runner(endpoint: Endpoint, requests: Any, **kwargs: Any) -> SmokeReport:
         release.wait(60)  # a run that ignores its own deadline (a bug of the canary's)
         return GOOD
 
@@ -286,7 +287,7 @@ def test_the_command_with_keep_running_waits_out_a_profile_it_cannot_read(tmp_pa
 def test_a_first_run_long_after_the_canary_was_made_is_not_abandoned(tmp_path: Path) -> None:
     """serve makes its canary, then waits minutes for vLLM before the first run: the loop must not take
     that wait for a stuck run (the run's thread may not have registered yet when the loop first looks)."""
-    canary = scripted(tmp_path, lambda url, requests, **kwargs: GOOD, keep_running=True)
+    canary = scripted(tmp_path, lambda endpoint, requests, **kwargs: GOOD, keep_running=True)
     canary.abandon_run()  # (sets the last beat)
     canary._last_beat -= 3600.0  # made an hour ago
     assert canary.stuck() is not None  # /livez: the runs stopped coming

@@ -7,7 +7,6 @@ The e2e proof against a real vLLM is tests/e2e/test_live_nan_e2e.py; these need 
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
@@ -20,9 +19,12 @@ import pytest
 from deploykit.canary import defaults
 from deploykit.canary.config import config_for_profile, counts_nan_logits
 from deploykit.canary.listener import serve_http
-from deploykit.canary.nan_counter import CounterReading, CounterWatch, NanCounterPoller, read_counter
+from deploykit.canary.nan_counter import CounterReading, CounterWatch, NanCounterFollower, read_counter
+from deploykit.canary.runtime import CanaryRuntime
+from deploykit.canary.server_page import read_page
 from deploykit.canary.settings import DEFAULTS, check_settings
 from deploykit.canary.state import CanaryState
+from deploykit.endpoint import Endpoint
 from deploykit.errors import CanaryError
 from deploykit.plan import build_env
 from deploykit.profile.load import load_profile
@@ -188,17 +190,15 @@ def test_a_growing_counter_turns_healthz_503_between_runs_with_a_row(tmp_path: P
     fake = FakeVllmMetrics()
     with fake.serving() as url:
         # One run, by hand, and no run loop: the counter alone must move the verdict.
-        canary, script, _ = make(tmp_path, GOOD, metrics_every_s=0.1, api_key="k-123")
-        canary.config.url = url
+        canary, script, _ = make(tmp_path, GOOD, metrics_every_s=0.1, api_key="k-123", hung_after_s=0)
+        canary.config.endpoint = Endpoint(url, "k-123")
         seen: list[Any] = []
         canary.on_live_nan = seen.append
         canary.run_once()
         http = serve_http(canary, "127.0.0.1", 0)
         base = f"http://127.0.0.1:{http.server_address[1]}"
-        stop = threading.Event()
-        poller = canary.nan_poller()
-        assert poller is not None
-        poller.start(stop)
+        runtime = CanaryRuntime(canary)  # the page reader alone: no run loop
+        runtime.start(runs=False)
         try:
             wait_for(lambda: fake.reads >= 3)
             assert httpx.get(base + "/healthz", timeout=10).status_code == 200
@@ -214,7 +214,7 @@ def test_a_growing_counter_turns_healthz_503_between_runs_with_a_row(tmp_path: P
             assert metrics['deploykit_canary_corrupt{cause="live_nan"}'] == 1.0
             assert metrics['deploykit_canary_corrupt{cause="probe"}'] == 0.0
         finally:
-            stop.set()
+            runtime.close()
             http.shutdown()
             http.server_close()
     assert len(script.calls) == 1  # no run was needed
@@ -232,15 +232,15 @@ def test_a_restart_that_counted_nan_is_caught_and_a_wrong_run_is_still_the_probe
     fake.total = 5.0  # counted before the canary looked: warned about, not judged
     with fake.serving() as url:
         canary, _, _ = make(tmp_path, WRONG, metrics_every_s=1)
-        canary.config.url = url
+        canary.config.endpoint = Endpoint(url)
         warnings: list[str] = []
         canary.on_warning = warnings.append
-        poller = canary.nan_poller()
-        assert poller is not None
-        assert poller.poll_once() == 0 and canary.state.status == "starting"
+        canary.take_page(read_page(canary.config.endpoint))
+        assert canary.state.status == "starting"
         assert any("already counted 5 request(s) with NaN logits" in w for w in warnings)
         fake.total, fake.created = 1.0, fake.created + 60  # the server restarted and counted one since
-        assert poller.poll_once() == 1.0 and canary.state.cause == "live_nan"
+        canary.take_page(read_page(canary.config.endpoint))
+        assert canary.state.cause == "live_nan" and canary.metrics.live_nan._value.get() == 1.0
         canary.run_once()
         assert canary.state.cause == "probe"
         assert canary.metrics.corrupt_cause.labels(cause="probe")._value.get() == 1.0
@@ -260,11 +260,13 @@ def test_a_server_without_the_counter_is_said_once_and_never_judged(tmp_path: Pa
 
     warnings: list[str] = []
     with serving(NoCounter) as url:
-        poller = NanCounterPoller(url, on_warning=warnings.append)
-        assert [poller.poll_once() for _ in range(3)] == [0, 0, 0]
+        follower = NanCounterFollower(on_warning=warnings.append)
+        assert [follower.take(read_page(Endpoint(url)).nan) for _ in range(3)] == [0, 0, 0]
     assert len(warnings) == 1 and "VLLM_COMPUTE_NANS_IN_LOGITS=1" in warnings[0]
     # Nothing listening: a failed read is no verdict (the runs judge an unreachable server).
-    assert NanCounterPoller("http://127.0.0.1:1", timeout_s=1).poll_once() == 0
+    canary, _, _ = make(tmp_path, metrics_every_s=1)
+    canary.take_page(read_page(Endpoint("http://127.0.0.1:1", metrics_deadline_s=1)))
+    assert canary.state.status == "starting" and canary.metrics.live_nan._value.get() == 0
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0, 0.05])
@@ -275,8 +277,10 @@ def test_metrics_every_that_no_canary_can_use_is_refused(value: float) -> None:
 
 def test_metrics_every_zero_turns_the_reading_off(tmp_path: Path) -> None:
     check_settings(metrics_every_s=0)
-    canary, _, _ = make(tmp_path, metrics_every_s=0)
-    assert canary.nan_poller() is None
+    canary, _, _ = make(tmp_path, metrics_every_s=0, hung_after_s=0)
+    assert not canary.config.reads_page
+    canary, _, _ = make(tmp_path, metrics_every_s=0)  # the page is read for progress only
+    assert canary.config.reads_page and canary.config.page_every_s == defaults.PROGRESS_EVERY_S
 
 
 def test_the_plan_sets_the_variable_unless_the_profile_says_no() -> None:
@@ -288,7 +292,7 @@ def test_the_plan_sets_the_variable_unless_the_profile_says_no() -> None:
     env_off = profile.model_copy(update={"env": {**profile.env, defaults.NAN_COUNTER_ENV: "0"}})
     assert build_env(env_off, [])[0][defaults.NAN_COUNTER_ENV] == "0" and not counts_nan_logits(env_off)
     # The canary of a profile whose server does not count reads no /metrics for it.
-    config = config_for_profile(off, None, url="http://127.0.0.1:8000", model_path=None)
+    config = config_for_profile(off, None, endpoint=Endpoint("http://127.0.0.1:8000"), model_path=None)
     assert config.settings.metrics_every_s == 0
-    on = config_for_profile(profile, None, url="http://127.0.0.1:8000", model_path=None)
+    on = config_for_profile(profile, None, endpoint=Endpoint("http://127.0.0.1:8000"), model_path=None)
     assert on.settings.metrics_every_s == DEFAULTS.metrics_every_s

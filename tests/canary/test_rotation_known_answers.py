@@ -9,6 +9,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from deploykit.canary.rotation import CANARY_MAX_TOKENS, case_labels, rotation_for, run_requests
+from deploykit.endpoint import Endpoint
 from deploykit.profile.load import load_profile
 from deploykit.smoke import run_smoke
 from tests.http_server import serving
@@ -57,9 +58,9 @@ def test_a_canary_run_of_a_wrong_known_answer_fails_with_expected_and_got() -> N
     requests = run_requests(rotation, number, profile.served_name, None, profile.serve.max_model_len)
     assert [r.name for r in requests] == ["known:capital-of-france"]
     with serving(partial(_Answers, "The capital of France is Paris.")) as url:
-        assert run_smoke(url, requests, timeout_s=10).passed
+        assert run_smoke(Endpoint(url, request_deadline_s=10), requests).passed
     with serving(partial(_Answers, "The capital of France is Lyon.")) as url:
-        report = run_smoke(url, requests, timeout_s=10)
+        report = run_smoke(Endpoint(url, request_deadline_s=10), requests)
     assert not report.passed
     assert report.diagnosis == (
         "known:capital-of-france: expected 'Paris' in the text, got 'The capital of France is Lyon.'"

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from deploykit.endpoint import Endpoint
 from deploykit.profile.load import load_profile
 from deploykit.profile.schema import SmokeCase
 from deploykit.smoke import derive_cases, run_smoke, smoke_requests, special_token_ids
@@ -34,10 +35,11 @@ def test_short_defaults_pass_and_consistency_defaults_catch_the_long_prompt(
     faulty: RunningServer, tiny_model_dir: Path
 ) -> None:
     special = special_token_ids(tiny_model_dir)
+    endpoint = Endpoint(faulty.base_url, request_deadline_s=180)
     # Today's defaults: short prompts only. The broken server passes them, twice.
     today = smoke_requests([SmokeCase(kind="completion"), SmokeCase(kind="chat")], "tiny")
     for _ in range(2):
-        report = run_smoke(faulty.base_url, today, timeout_s=180, special_ids=special)
+        report = run_smoke(endpoint, today, special_ids=special)
         assert report.passed, report.diagnosis
         assert report.diagnosis == "all 2 cases passed (completion, chat)"
 
@@ -46,7 +48,7 @@ def test_short_defaults_pass_and_consistency_defaults_catch_the_long_prompt(
     cases = derive_cases(profile)
     assert [c.kind for c in cases] == ["completion", "chat", "repeat", "long_then_short"]
     requests = smoke_requests(cases, "tiny", max_model_len=profile.serve.max_model_len)
-    report = run_smoke(faulty.base_url, requests, timeout_s=180, special_ids=special)
+    report = run_smoke(endpoint, requests, special_ids=special)
     by_name = {case.name: case for case in report.cases}
     assert not report.passed
     # Everything before the long prompt is right, including the baseline of long_then_short.
@@ -66,5 +68,5 @@ def test_short_defaults_pass_and_consistency_defaults_catch_the_long_prompt(
         assert client.get("/health").status_code == 200
     assert faulty.completion_ids("Once upon a time there was", max_tokens=6) == [0] * 6
     # ... and today's short defaults now fail too: the corruption is for good.
-    after = run_smoke(faulty.base_url, today, timeout_s=180, special_ids=special)
+    after = run_smoke(endpoint, today, special_ids=special)
     assert not after.passed and all(not case.miss for case in after.cases)

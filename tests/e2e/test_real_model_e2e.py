@@ -15,6 +15,7 @@ import re
 import yaml
 
 from deploykit.canary.rotation import case_labels, rotation_for, run_requests
+from deploykit.endpoint import Endpoint
 from deploykit.profile.load import load_profile
 from deploykit.results.sql.store import open_store
 from deploykit.smoke import run_smoke, special_token_ids, vocab_size
@@ -94,9 +95,8 @@ def test_a_canary_run_of_a_known_answer_passes_on_the_real_model(real_model_serv
     number = case_labels(rotation).index("known:capital-of-germany-ids")
     requests = run_requests(rotation, number, profile.served_name, None, profile.serve.max_model_len)
     report = run_smoke(
-        real_model_server.base_url,
+        Endpoint(real_model_server.base_url, request_deadline_s=profile.smoke.timeout_s),
         requests,
-        timeout_s=profile.smoke.timeout_s,
         special_ids=special_token_ids(real_model_server.model_dir),
         vocab_size=vocab_size(real_model_server.model_dir),
     )

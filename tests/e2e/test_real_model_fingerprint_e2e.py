@@ -23,6 +23,7 @@ import pytest
 
 from deploykit.canary.runner import Canary, CanaryConfig
 from deploykit.canary.settings import CanarySettings
+from deploykit.endpoint import Endpoint
 from deploykit.fleet_baseline import check_for_server
 from deploykit.profile.load import load_profile
 from deploykit.profile.schema import SmokeCase
@@ -52,7 +53,7 @@ def test_finite_drift_on_the_real_model_fails_the_canarys_fingerprint(
 ) -> None:
     server = real_model_server
     loaded = load_profile(str(server.profile_path))
-    check = check_for_server(loaded, server.base_url, api_key=None, store_url=server.store_url)
+    check = check_for_server(loaded, Endpoint(server.base_url), store_url=server.store_url)
     assert check is not None and check.dtype == "float32"
     store = open_store(server.store_url)
     try:
@@ -63,7 +64,7 @@ def test_finite_drift_on_the_real_model_fails_the_canarys_fingerprint(
     assert baseline.fingerprint.near_ties == 0 and baseline.fingerprint.tolerance > 0
 
     config = CanaryConfig(
-        url=server.base_url,
+        endpoint=Endpoint(server.base_url),
         served_name=server.served_name,
         cases=[SmokeCase(kind="completion", max_tokens=8)],
         settings=CanarySettings(timeout_s=TIMEOUT_S, metrics_every_s=0),

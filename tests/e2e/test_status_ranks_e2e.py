@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
+from deploykit.endpoint import Endpoint
 from deploykit.fixes.penalties import PROCESSOR
 from deploykit.net import free_port
 from deploykit.serve.launch import read_tail, start_server
@@ -107,7 +108,7 @@ def test_every_rank_of_a_two_node_world_reports_its_fixes_and_smoke_names_the_on
             ],
             command_env(tmp_path),
         )
-        read = read_status(leader.base_url)
+        read = read_status(Endpoint(leader.base_url))
     ranks = sorted(status["engine"], key=lambda record: record["rank"])
     assert status["world"] == {"size": 2, "tensor_parallel_size": 2, "pipeline_parallel_size": 1, "nnodes": 2}
     assert status["ranks_unanswered"] == [] and status["engine_error"] is None, status

@@ -21,7 +21,9 @@ import pytest
 import sqlalchemy as sa
 
 from deploykit.canary.runner import Canary, CanaryConfig
+from deploykit.canary.runtime import run_loop
 from deploykit.canary.settings import CanarySettings
+from deploykit.endpoint import Endpoint
 from deploykit.profile.schema import SmokeCase
 from deploykit.results.record import ResultRecord
 from deploykit.results.spool import keep, pending, replay, spool_dirs
@@ -120,7 +122,7 @@ def test_a_canary_started_against_a_closed_port_keeps_every_row(
     warnings: list[str] = []
     clock = Clock()
     config = CanaryConfig(
-        url="http://127.0.0.1:1",
+        endpoint=Endpoint("http://127.0.0.1:1"),
         served_name="tiny",
         cases=[SmokeCase(kind="completion")],
         store_url=store_url,
@@ -463,7 +465,7 @@ def test_the_canary_with_keep_running_survives_a_bad_spool_file_at_its_state_cha
     stop = threading.Event()
 
     config = CanaryConfig(
-        url="http://127.0.0.1:1",
+        endpoint=Endpoint("http://127.0.0.1:1"),
         served_name="tiny",
         cases=[SmokeCase(kind="completion")],
         settings=CanarySettings(every_s=0.1, metrics_every_s=0),
@@ -479,7 +481,7 @@ def test_the_canary_with_keep_running_survives_a_bad_spool_file_at_its_state_cha
     guard = threading.Timer(60, stop.set)  # a canary that never reaches its second run fails, never hangs
     guard.start()
     try:
-        canary.run_forever(stop)
+        run_loop(canary, stop, keep_running=True)
     finally:
         guard.cancel()
     assert canary.state.status == "corrupt" and not canary.state.misconfigured, canary.state

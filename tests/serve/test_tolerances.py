@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from deploykit.endpoint import Endpoint
 from deploykit.serve.console import ConsoleUI
 from deploykit.serve.options import ServeOptions
 from deploykit.serve.remote_smoke import SmokeOptions, run_remote_smoke
@@ -21,8 +22,8 @@ from tests.profile_variants import profile_variant
 def captured(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     seen: dict[str, Any] = {}
 
-    def fake_run_smoke(url: str, requests: Any, **kwargs: Any) -> SmokeReport:
-        seen.update(kwargs)
+    def fake_run_smoke(endpoint: Endpoint, requests: Any, **kwargs: Any) -> SmokeReport:
+        seen.update(kwargs, endpoint=endpoint)
         return SmokeReport(passed=True, diagnosis="ok", cases=[])
 
     monkeypatch.setattr("deploykit.smoke.client.run_smoke", fake_run_smoke)
@@ -35,6 +36,7 @@ def tolerant(tmp_path: Path) -> Path:
         "name": "tolerant",
         "smoke.tie_tolerance": 0.3,
         "smoke.logprob_tolerance": 0.2,
+        "smoke.timeout_s": 45,
         "smoke.fingerprint.enabled": False,
     }
     return profile_variant(tmp_path, "demo-cpu", changes)
@@ -44,6 +46,7 @@ def test_smoke_command_passes_the_profiles_tolerances(tmp_path: Path, captured: 
     options = SmokeOptions(url="http://127.0.0.1:1", profile=str(tolerant(tmp_path)), store=False)
     assert run_remote_smoke(options) == 0
     assert (captured["tie_tolerance"], captured["logprob_tolerance"]) == (0.3, 0.2)
+    assert captured["endpoint"] == Endpoint("http://127.0.0.1:1", request_deadline_s=45)  # the profile's
 
 
 def test_smoke_command_without_a_profile_uses_the_defaults(captured: dict[str, Any]) -> None:
@@ -68,3 +71,4 @@ def test_serve_smoke_passes_the_profiles_tolerances(tmp_path: Path, captured: di
     )
     smoke_attempt(attempt, ConsoleUI(quiet=True))
     assert (captured["tie_tolerance"], captured["logprob_tolerance"]) == (0.3, 0.2)
+    assert captured["endpoint"].request_deadline_s == 45

@@ -16,8 +16,10 @@ import pytest
 from deploykit import exit_codes
 from deploykit.canary.config import config_for_profile
 from deploykit.canary.listener import serve_http
+from deploykit.canary.runtime import CanaryRuntime
 from deploykit.canary.settings import CanarySettings
 from deploykit.canary.state import CanaryState
+from deploykit.endpoint import Endpoint
 from deploykit.profile.load import load_profile
 from deploykit.results.sql.store import open_store
 from deploykit.serve import watch
@@ -85,9 +87,10 @@ def test_a_hung_engine_signals_like_corruption_and_a_restart_clears_it(tmp_path:
     assert watched.problem().startswith("engine hung: hung: the engine is hung: requests have waited 61 s")
     watched.pause()
     canary.config.settings = canary.config.settings.replace(every_s=3600.0)  # one run at most while started
-    watched.start()  # after serve restarted vLLM: the hang was the old engine's
+    watched.start(restarted=True)  # after serve restarted vLLM: the hang was the old engine's
     try:
         assert canary.state.status in ("starting", "healthy") and not watched.corrupt.is_set()
+        assert canary.metrics.server_restarts._value.get() == 1
     finally:
         watched.close()
 
@@ -101,7 +104,7 @@ def test_serve_passes_the_profiles_tolerances_to_its_canary() -> None:
     )
     settings = CanarySettings(every_s=2)
     config = config_for_profile(
-        profile, loaded.id, url="http://127.0.0.1:1", model_path=None, settings=settings
+        profile, loaded.id, endpoint=Endpoint("http://127.0.0.1:1"), model_path=None, settings=settings
     )
     assert (config.tie_tolerance, config.logprob_tolerance, config.settings.every_s) == (0.5, 0.25, 2)
     assert [c.kind for c in config.cases][-4:] == ["repeat", "long_then_short", "prefix_cache", "batch"]
@@ -133,7 +136,7 @@ def test_livez_fails_on_corruption_or_a_dead_server_never_on_misses(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     up = {"ok": True}
-    monkeypatch.setattr("deploykit.canary.discovery.server_health_ok", lambda url, timeout: up["ok"])
+    monkeypatch.setattr("deploykit.canary.discovery.server_health_ok", lambda endpoint, timeout: up["ok"])
     canary, _, _ = make(tmp_path, GOOD, *[MISS] * 6, WRONG, store=False)
     server = serve_http(canary, "127.0.0.1", 0)
     base = f"http://127.0.0.1:{server.server_address[1]}"
@@ -161,7 +164,7 @@ def test_watch_restarts_resets_when_health_comes_back(
     answers = iter([True, False, False, True])
     stop = threading.Event()
 
-    def health(url: str, timeout: float) -> bool:
+    def health(endpoint: Endpoint, timeout: float) -> bool:
         try:
             return next(answers)
         except StopIteration:
@@ -171,8 +174,10 @@ def test_watch_restarts_resets_when_health_comes_back(
     monkeypatch.setattr("deploykit.canary.discovery.server_health_ok", health)
     canary, _, _ = make(tmp_path, WRONG, store=False)
     canary.run_once()
-    canary.watch_restarts(stop, poll_s=0)
+    runtime = CanaryRuntime(canary, watch_restarts=True, restart_poll_s=0, stop=stop)
+    runtime._watch_restarts(stop)  # (in this thread: the answers above end it)
     assert canary.state.status == "starting"
+    assert canary.metrics.server_restarts._value.get() == 1  # counted, for the restart-cap alert
 
 
 # --- the serving loop's decisions -------------------------------------------------------------------
@@ -215,7 +220,7 @@ class FakeWatch:
     def problem(self) -> str:
         return f"output corrupt: {self.health()[1]}"
 
-    def start(self) -> None:
+    def start(self, restarted: bool = False) -> None:
         self.starts += 1
         if self.starts <= self.corruptions:
             self.corrupt.set()

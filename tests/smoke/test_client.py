@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from deploykit.endpoint import Endpoint
 from deploykit.smoke import SmokeRequest, run_smoke
 from tests.http_server import serving
 from tests.smoke.answers import completion_body
@@ -57,7 +58,7 @@ def test_run_smoke_over_http(canned_server: Any) -> None:
         return SmokeRequest(model, "completion", "/v1/completions", {"model": model, "prompt": "p"})
 
     names = ["good", "nan", "broken", "slow"]
-    report = run_smoke(url, [request(n) for n in names], timeout_s=0.5, api_key="k-123456")
+    report = run_smoke(Endpoint(url, api_key="k-123456", request_deadline_s=0.5), [request(n) for n in names])
     results = {case.name: case for case in report.cases}
     assert results["good"].passed
     assert "NaN or infinite" in results["nan"].diagnosis
@@ -65,5 +66,5 @@ def test_run_smoke_over_http(canned_server: Any) -> None:
     assert results["slow"].diagnosis == "timeout: no answer within 0.5 s"
     assert not report.passed
     assert all(auth == "Bearer k-123456" for _, auth, _ in canned_server.seen)  # type: ignore[attr-defined]
-    refused = run_smoke("http://127.0.0.1:9", [request("good")], timeout_s=2)
+    refused = run_smoke(Endpoint("http://127.0.0.1:9", request_deadline_s=2), [request("good")])
     assert "request failed" in refused.cases[0].diagnosis

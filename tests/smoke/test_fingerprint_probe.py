@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from deploykit.canary.runner import Canary, CanaryConfig
+from deploykit.endpoint import Endpoint
 from deploykit.fleet_baseline import FingerprintCheck, fingerprint_case
 from deploykit.profile.schema import SmokeCase
 from deploykit.results.record import ResultRecord
@@ -66,7 +67,9 @@ def server() -> Iterator[Any]:
 
 
 def take(url: str, readings: int = 2) -> Any:
-    return take_fingerprint(url, "m", dtype="float32", top_k=5, timeout_s=10, readings=readings)
+    return take_fingerprint(
+        Endpoint(url, request_deadline_s=10), "m", dtype="float32", top_k=5, readings=readings
+    )
 
 
 def test_two_readings_of_a_deterministic_server_have_no_noise(server: Any) -> None:
@@ -108,7 +111,7 @@ def test_the_first_fingerprint_becomes_the_baseline_and_a_drift_is_caught(
 ) -> None:
     store_url = f"sqlite:///{tmp_path / 'results.sqlite'}"
     check = FingerprintCheck(key_parts=PARTS, dtype="float32", store_url=store_url, hostname="host-a")
-    case, fingerprint = fingerprint_case(check, server.url, "m", timeout_s=10, api_key=None, readings=2)
+    case, fingerprint = fingerprint_case(check, Endpoint(server.url, request_deadline_s=10), "m", readings=2)
     assert case.passed and fingerprint is not None and fingerprint.comparison is not None
     assert fingerprint.comparison.verdict == "new" and fingerprint.key == check.key
     store = open_store(store_url)
@@ -119,13 +122,13 @@ def test_the_first_fingerprint_becomes_the_baseline_and_a_drift_is_caught(
     finally:
         store.close()
 
-    again, _ = fingerprint_case(check, server.url, "m", timeout_s=10, api_key=None, readings=1)
+    again, _ = fingerprint_case(check, Endpoint(server.url, request_deadline_s=10), "m", readings=1)
     assert (
         again.passed and again.text is not None and again.text.startswith(f"matches baseline #1: row #{row}")
     )
 
     server.mode = "drift"
-    caught, drifted = fingerprint_case(check, server.url, "m", timeout_s=10, api_key=None, readings=2)
+    caught, drifted = fingerprint_case(check, Endpoint(server.url, request_deadline_s=10), "m", readings=2)
     assert not caught.passed and not caught.miss
     assert drifted is not None and drifted.comparison is not None and drifted.comparison.verdict == "mismatch"
     assert f"baseline #1: row #{row} from host host-a" in caught.diagnosis
@@ -141,7 +144,7 @@ def test_a_canary_reading_that_becomes_the_baseline_is_taken_twice_so_its_noise_
     server.mode = "noisy"
     store_url = f"sqlite:///{tmp_path / 'results.sqlite'}"
     check = FingerprintCheck(key_parts=PARTS, dtype="float32", store_url=store_url, hostname="host-a")
-    case, first = fingerprint_case(check, server.url, "m", timeout_s=10, api_key=None, readings=1)
+    case, first = fingerprint_case(check, Endpoint(server.url, request_deadline_s=10), "m", readings=1)
     assert case.passed and first is not None and first.comparison is not None
     assert first.comparison.verdict == "new" and server.count == 12  # one reading, then two more
     assert first.noise == pytest.approx(NOISE) and first.tolerance == pytest.approx(4 * NOISE)
@@ -151,14 +154,14 @@ def test_a_canary_reading_that_becomes_the_baseline_is_taken_twice_so_its_noise_
     finally:
         store.close()
     for _ in range(2):  # one reading each, in either shape: both match
-        later, _ = fingerprint_case(check, server.url, "m", timeout_s=10, api_key=None, readings=1)
+        later, _ = fingerprint_case(check, Endpoint(server.url, request_deadline_s=10), "m", readings=1)
         assert later.passed, later.diagnosis
     assert server.count == 20  # a key with a baseline: one reading per run
 
 
 def test_without_a_store_the_fingerprint_is_taken_but_not_compared(server: Any) -> None:
     check = FingerprintCheck(key_parts=PARTS, dtype="float32", store=False)
-    case, fingerprint = fingerprint_case(check, server.url, "m", timeout_s=10, api_key=None, readings=1)
+    case, fingerprint = fingerprint_case(check, Endpoint(server.url, request_deadline_s=10), "m", readings=1)
     assert case.passed and "not compared" in case.warning and fingerprint is not None
 
 
@@ -167,7 +170,7 @@ def test_the_canary_fails_a_run_whose_fingerprint_differs_from_the_baseline(
 ) -> None:
     store_url = f"sqlite:///{tmp_path / 'results.sqlite'}"
     check = FingerprintCheck(key_parts=PARTS, dtype="float32", store_url=store_url)
-    _, fingerprint = fingerprint_case(check, server.url, "m", timeout_s=10, api_key=None, readings=2)
+    _, fingerprint = fingerprint_case(check, Endpoint(server.url, request_deadline_s=10), "m", readings=2)
     store = open_store(store_url)
     try:
         store.add(ResultRecord(verdict="pass", stage="done", fingerprint=fingerprint))
@@ -178,7 +181,11 @@ def test_the_canary_fails_a_run_whose_fingerprint_differs_from_the_baseline(
         return SmokeReport(passed=True, diagnosis="ok", cases=[])
 
     config = CanaryConfig(
-        url=server.url, served_name="m", cases=[SmokeCase(kind="completion")], store=False, fingerprint=check
+        endpoint=Endpoint(server.url),
+        served_name="m",
+        cases=[SmokeCase(kind="completion")],
+        store=False,
+        fingerprint=check,
     )
     canary = Canary(config, runner=passing_cases)
     assert canary.run_once().outcome == "pass"
@@ -198,7 +205,7 @@ def test_a_canary_with_no_baseline_makes_its_first_healthy_row_the_baseline(
         return SmokeReport(passed=True, diagnosis="ok", cases=[])
 
     config = CanaryConfig(
-        url=server.url,
+        endpoint=Endpoint(server.url),
         served_name="m",
         cases=[SmokeCase(kind="completion")],
         store_url=store_url,

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from deploykit.endpoint import Endpoint
 from deploykit.smoke.fix_check import (
     PLUGIN_NOT_LOADED,
     ServerFixStatus,
@@ -64,7 +65,7 @@ def _server(answer: Callable[[str | None], tuple[int, Any]]) -> Iterator[tuple[s
 
 def test_a_missing_route_means_the_plugin_is_not_loaded() -> None:
     with _server(lambda _: (404, {"detail": "Not Found"})) as (url, _):
-        status = read_status(url + "/")
+        status = read_status(Endpoint(url + "/"))
     assert status.route == "missing" and status.fixes_active == {}
     case = fix_case(["device_penalties", "fp32_projection"], status)
     assert not case.passed
@@ -79,7 +80,7 @@ def test_active_fixes_pass_and_missing_ones_are_named() -> None:
         "engine_error": None,
     }
     with _server(lambda _: (200, body)) as (url, _):
-        status = read_status(url)
+        status = read_status(Endpoint(url))
     assert status.fixes_active == {"device_penalties": "T"}
     assert fix_case(["device_penalties"], status).passed
     case = fix_case(["device_penalties", "fp32_projection"], status)
@@ -94,7 +95,7 @@ def test_active_fixes_pass_and_missing_ones_are_named() -> None:
 def test_odd_shapes_in_the_status_answer_are_read_without_a_traceback() -> None:
     body = {"fixes_requested": "matmul_lora", "fixes_active": ["x"], "engine_error": {"a": 1}}
     with _server(lambda _: (200, body)) as (url, _):
-        status = read_status(url)
+        status = read_status(Endpoint(url))
     assert status.fixes_requested == [] and status.fixes_active == {}
     assert status.engine_error == "{'a': 1}"
 
@@ -112,7 +113,7 @@ def test_requested_but_not_applied_by_the_engine() -> None:
 def test_an_unreachable_server_is_an_error_not_a_pass() -> None:
     with _server(lambda _: (200, {})) as (url, _):
         pass  # the port is free again: nothing answers there
-    status = read_status(url)
+    status = read_status(Endpoint(url))
     assert status.route == "error" and status.fixes_active is None
     assert "could not be read: ConnectionRefusedError" in fix_case(["matmul_lora"], status).diagnosis
 
@@ -124,9 +125,9 @@ def test_the_key_is_sent_and_a_refusal_says_why() -> None:
         return 401, {"error": "Unauthorized"}
 
     with _server(answer) as (url, sent):
-        assert read_status(url, api_key="sk-right").fixes_active == {"matmul_lora": "T"}
-        wrong = read_status(url, api_key="sk-wrong")
-        missing = read_status(url)
+        assert read_status(Endpoint(url, api_key="sk-right")).fixes_active == {"matmul_lora": "T"}
+        wrong = read_status(Endpoint(url, api_key="sk-wrong"))
+        missing = read_status(Endpoint(url))
     assert sent == ["Bearer sk-right", "Bearer sk-wrong", None]
     assert wrong.route == missing.route == "error" and wrong.http_status == 401
     assert "requires its API key; the key sent was refused" in fix_case(["matmul_lora"], wrong).diagnosis
@@ -167,7 +168,7 @@ def _status_body(engine: list[dict[str, Any]], *, world_size: int = 2, active: l
 
 def _read(body: dict[str, Any]) -> ServerFixStatus:
     with _server(lambda _: (200, body)) as (url, _):
-        return read_status(url)
+        return read_status(Endpoint(url))
 
 
 def test_a_rank_that_did_not_apply_a_fix_is_named_with_its_place_and_its_environment() -> None:

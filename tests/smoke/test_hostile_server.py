@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from deploykit.endpoint import Endpoint
 from deploykit.results.sql.store import open_store
 from deploykit.smoke import SmokeRequest, run_smoke
 from tests.cli_process import run_deploykit
@@ -64,7 +65,7 @@ ODD = {
 def test_a_good_answer_passes_on_the_same_server() -> None:
     """The control: the hostile server's good answer passes, so each failure below is the answer's."""
     with Hostile("good").serving() as url:
-        report = run_smoke(url, [COMPLETION, CHAT], timeout_s=10)
+        report = run_smoke(Endpoint(url, request_deadline_s=10), [COMPLETION, CHAT])
     assert report.passed, report.diagnosis
 
 
@@ -72,7 +73,7 @@ def test_a_good_answer_passes_on_the_same_server() -> None:
 def test_an_odd_or_impossible_answer_is_wrong_in_one_line(mode: str) -> None:
     assert mode in JSON_MODES
     with Hostile(mode).serving() as url:
-        report = run_smoke(url, [COMPLETION, CHAT], timeout_s=10)
+        report = run_smoke(Endpoint(url, request_deadline_s=10), [COMPLETION, CHAT])
     assert len(report.cases) == 2 and not report.passed
     for case in report.cases:
         assert not case.passed and not case.miss, case
@@ -86,7 +87,7 @@ def test_a_slow_or_silent_server_ends_at_the_whole_request_deadline(mode: str) -
     hostile = Hostile(mode)
     with hostile.serving() as url:
         started = time.monotonic()
-        report = run_smoke(url, [COMPLETION], timeout_s=DEADLINE_S)
+        report = run_smoke(Endpoint(url, request_deadline_s=DEADLINE_S), [COMPLETION])
         took = time.monotonic() - started
     assert took < DEADLINE_S + DEADLINE_SLACK_S, f"{mode}: the verdict took {took:.1f} s"
     (case,) = report.cases
@@ -96,10 +97,11 @@ def test_a_slow_or_silent_server_ends_at_the_whole_request_deadline(mode: str) -
 
 CHILD = """
 import json, resource, sys, time
+from deploykit.endpoint import Endpoint
 from deploykit.smoke import SmokeRequest, run_smoke
 request = SmokeRequest(**json.loads(sys.argv[2]))
 started = time.monotonic()
-report = run_smoke(sys.argv[1], [request], timeout_s=60)
+report = run_smoke(Endpoint(sys.argv[1], request_deadline_s=60), [request])
 case = report.cases[0]
 print(json.dumps({
     "passed": case.passed, "miss": case.miss, "diagnosis": case.diagnosis,

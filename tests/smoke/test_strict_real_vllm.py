@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from deploykit.endpoint import Endpoint
 from deploykit.profile.schema import CONSISTENCY_KINDS, SmokeCase
 from deploykit.smoke import run_smoke, smoke_requests, special_token_ids, vocab_size
 from tests.vllm_harness import RunningServer
@@ -19,14 +20,14 @@ def test_real_answers_pass_the_strict_judge_within_the_models_vocabulary(
     )
     vocab = vocab_size(tiny_model_dir)
     assert vocab is not None
+    endpoint = Endpoint(tiny_vllm.base_url, request_deadline_s=120)
     report = run_smoke(
-        tiny_vllm.base_url,
+        endpoint,
         requests,
-        timeout_s=120,
         special_ids=special_token_ids(tiny_model_dir),
         vocab_size=vocab,
     )
     assert report.passed, report.diagnosis
     highest = max(report.cases[0].first_ids)  # the completion case's, all of them (a few tokens)
-    tight = run_smoke(tiny_vllm.base_url, requests[:1], timeout_s=120, vocab_size=highest)
+    tight = run_smoke(endpoint, requests[:1], vocab_size=highest)
     assert not tight.passed and "impossible" in tight.diagnosis
