@@ -28,6 +28,35 @@ if ! command -v systemd-analyze >/dev/null 2>&1; then
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >/dev/null
 fi
 
+# Prometheus (Debian's package, 2.42): promtool checks and unit-tests the canary's alert rules
+# (tests/render/test_alerts.py); the alerts e2e starts a prometheus of its own, with its own config and
+# storage (tests/e2e/test_alerts_e2e.py). The packaged service is not wanted: while the package installs, a
+# policy-rc.d (unless one is in place already) keeps its postinst from starting it, and the service is then
+# disabled, so no prometheus runs now or after a boot. No recommends: they would bring node-exporter's service.
+if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
+  echo "ci-services: installing Prometheus (Debian package; its service left stopped and disabled)"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  POLICY_RC=/usr/sbin/policy-rc.d
+  placed_policy=
+  if [ ! -e "$POLICY_RC" ]; then
+    printf '#!/bin/sh\n# ci-services.sh: no service starts while prometheus installs\nexit 101\n' |
+      as_root tee "$POLICY_RC" >/dev/null
+    as_root chmod 0755 "$POLICY_RC"
+    placed_policy=1
+  fi
+  installed=0
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus \
+    >/dev/null || installed=$?
+  if [ -n "$placed_policy" ]; then as_root rm -f "$POLICY_RC"; fi
+  [ "$installed" -eq 0 ] || exit "$installed"
+  if command -v systemctl >/dev/null 2>&1; then
+    # Stops it where systemd runs (it never started: policy-rc.d); elsewhere only removes the boot link.
+    as_root systemctl disable --now prometheus.service >/dev/null 2>&1 ||
+      as_root systemctl disable prometheus.service >/dev/null 2>&1 || true
+  fi
+fi
+promtool --version >/dev/null
+
 if ! command -v pg_ctlcluster >/dev/null 2>&1 || ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
   echo "ci-services: installing PostgreSQL (Debian package)"
   as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq

@@ -74,6 +74,8 @@ SMOKE_RESOURCES = {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"m
 VLLM_HOME = "/home/vllm"
 # The UID the chart runs as where the cluster assigns none (nobody); a value, so OpenShift can null it.
 DEFAULT_UID = 65534
+# The label Grafana's dashboard sidecar (kube-prometheus-stack's default) looks for on ConfigMaps.
+DASHBOARD_SIDECAR_LABEL = {"grafana_dashboard": "1"}
 SHM_SINGLE = "2Gi"
 SHM_TP = "16Gi"
 _VERSION_TAG = re.compile(r"^v?\d+\.\d+(\.\d+)?")
@@ -370,6 +372,12 @@ def chart_values(plan: Plan, loaded: LoadedProfile, wheel: PluginWheel) -> tuple
         "metrics": {
             "podMonitor": {"enabled": False, "interval": "30s", "labels": {}},
             "serviceMonitor": {"enabled": False, "interval": "30s", "labels": {}},
+            "prometheusRule": {"enabled": False, "labels": {}},
+            "grafanaDashboard": {
+                "enabled": False,
+                "labels": dict(DASHBOARD_SIDECAR_LABEL),
+                "annotations": {},
+            },
         },
         "profileYaml": loaded.path.read_text(),
         "deploykit": {
@@ -384,6 +392,20 @@ def chart_values(plan: Plan, loaded: LoadedProfile, wheel: PluginWheel) -> tuple
     if group is not None:  # a group over several nodes: a LeaderWorkerSet (templates/leaderworkerset.yaml)
         values["group"] = group
     return values, [*warnings, *affinity_warnings, *model_warnings, *checked_group(plan)]
+
+
+def monitoring_files() -> list[RenderedFile]:
+    """The canary's alert rules and Grafana dashboard under files/, read by templates/prometheusrule.yaml
+    and templates/grafana-dashboard.yaml (`.Files.Get`: Helm never templates them, so Prometheus's and
+    Grafana's own `{{ }}` stay as written): the same bytes as `render systemd` writes."""
+    from deploykit.render import alerts, dashboard
+
+    return [
+        RenderedFile(path=f"{CHART_FILES_DIR}/{alerts.RULES_FILE}", content=alerts.rules_yaml()),
+        RenderedFile(
+            path=f"{CHART_FILES_DIR}/{dashboard.DASHBOARD_FILE}", content=dashboard.dashboard_json()
+        ),
+    ]
 
 
 def chart_files(root: Path) -> list[RenderedFile]:
@@ -430,6 +452,7 @@ def render_helm(plan: Plan, loaded: LoadedProfile) -> RenderResult:
         RenderedFile(path="values.yaml", content=jinja.get_template("helm/values.yaml.j2").render(context)),
         *chart_files(template_root() / "helm" / "chart"),
         RenderedFile(path=f"{CHART_FILES_DIR}/{wheel.filename}", content=wheel.data),
+        *monitoring_files(),
     ]
     # The chart is a directory named after it, as `helm create` makes it.
     files = [item.model_copy(update={"path": f"{chart_name}/{item.path}"}) for item in files]

@@ -226,6 +226,17 @@ def root_helper_file() -> RenderedFile:
     return RenderedFile(path=ROOT_HELPER_FILE, content=source, shared=True)  # every profile's set holds it
 
 
+def monitoring_files() -> list[RenderedFile]:
+    """The canary's alert rules for a local Prometheus and its Grafana dashboard (docs/alerts.md): the same
+    for every profile (they match every canary scraped), so of no one profile's set, as the chart's copy."""
+    from deploykit.render import alerts, dashboard
+
+    return [
+        RenderedFile(path=alerts.RULES_FILE, content=alerts.rules_yaml(), shared=True),
+        RenderedFile(path=dashboard.DASHBOARD_FILE, content=dashboard.dashboard_json(), shared=True),
+    ]
+
+
 def release_check(plan: Plan, bin_dir: Path) -> str | None:
     """ExecStartPre=: the prefix's Python refuses to start vLLM when its installed vLLM is another release
     than the plan's (deploykit.render.vllm_release); None when the plan names no vLLM version."""
@@ -412,6 +423,7 @@ def render_systemd(plan: Plan, loaded: LoadedProfile, options: SystemdOptions) -
         ),
         RenderedFile(path=f"{profile.name}.yaml", content=loaded.path.read_text()),
         root_helper_file(),
+        *monitoring_files(),
     ]
     files += worker_units(group, context, loaded, bin_dir)
     warnings = list(plan.warnings) + (group.warnings if group else [])
