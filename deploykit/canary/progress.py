@@ -23,7 +23,7 @@ so on `/is_paused`, read only when the counters stand still). While it is, the c
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 TOKEN_COUNTERS = ("vllm:generation_tokens", "vllm:prompt_tokens")
 """Counter families (samples `<name>_total`) whose change is progress."""
@@ -52,6 +52,9 @@ class ProgressReading:
     reloading: bool = False
     started: float | None = None
     """The server process's start (`process_start_time_seconds`): each change is a restart."""
+    engines: tuple[tuple[str, float, float], ...] = ()
+    """Per engine (its `engine` label): work done (tokens + steps) and requests on it. With data parallel,
+    one wedged engine among busy ones still has requests waiting and its own counters standing still."""
 
     @property
     def work(self) -> tuple[float, float]:
@@ -76,6 +79,8 @@ def read_progress(text: str) -> ProgressReading | None:
 
     tokens: float | None = None
     queued = steps = 0.0
+    work_by_engine: dict[str, float] = {}
+    queued_by_engine: dict[str, float] = {}
     asleep = reloading = False
     started: float | None = None
     try:
@@ -83,12 +88,16 @@ def read_progress(text: str) -> ProgressReading | None:
             for sample in family.samples:
                 if not math.isfinite(sample.value):
                     continue
+                engine = sample.labels.get("engine", "")
                 if family.name in TOKEN_COUNTERS and sample.name == family.name + "_total":
                     tokens = (tokens or 0.0) + sample.value
+                    work_by_engine[engine] = work_by_engine.get(engine, 0.0) + sample.value
                 elif family.name in QUEUE_GAUGES and sample.name == family.name:
                     queued += max(sample.value, 0.0)
+                    queued_by_engine[engine] = queued_by_engine.get(engine, 0.0) + max(sample.value, 0.0)
                 elif sample.name in (ITERATION_HISTOGRAM + "_count", ITERATION_HISTOGRAM + "_sum"):
                     steps += sample.value
+                    work_by_engine[engine] = work_by_engine.get(engine, 0.0) + sample.value
                 elif sample.name == SLEEP_GAUGE and sample.labels.get("sleep_state") == "awake":
                     asleep = asleep or sample.value == 0
                 elif sample.name == WEIGHT_UPDATES_GAUGE:
@@ -99,8 +108,18 @@ def read_progress(text: str) -> ProgressReading | None:
         return None
     if tokens is None:
         return None
+    engines = tuple(
+        (engine, work_by_engine.get(engine, 0.0), queued_by_engine.get(engine, 0.0))
+        for engine in sorted(set(work_by_engine) | set(queued_by_engine))
+    )
     return ProgressReading(
-        tokens=tokens, queued=queued, steps=steps, asleep=asleep, reloading=reloading, started=started
+        tokens=tokens,
+        queued=queued,
+        steps=steps,
+        asleep=asleep,
+        reloading=reloading,
+        started=started,
+        engines=engines,
     )
 
 
@@ -114,6 +133,10 @@ class ProgressWatch:
     last said it was quiet on purpose (a pause holds the clock)."""
     queued_since: float | None = None
     """Since when every reading said requests were on the engine (None: the last one said none)."""
+    engine_work: dict[str, float] = field(default_factory=dict)
+    engine_advanced_at: dict[str, float] = field(default_factory=dict)
+    engine_queued_since: dict[str, float] = field(default_factory=dict)
+    """The same, per engine (data parallel): a wedged engine is told even while the others advance."""
 
     def observe(self, reading: ProgressReading, now: float, quiet_on_purpose: bool = False) -> None:
         if self.last_work is None or reading.work != self.last_work or quiet_on_purpose:
@@ -123,6 +146,14 @@ class ProgressWatch:
             self.queued_since = None
         elif self.queued_since is None:
             self.queued_since = now
+        for engine, work, queued in reading.engines:
+            if self.engine_work.get(engine) != work or quiet_on_purpose:
+                self.engine_advanced_at[engine] = now
+            self.engine_work[engine] = work
+            if queued <= 0:
+                self.engine_queued_since.pop(engine, None)
+            else:
+                self.engine_queued_since.setdefault(engine, now)
 
     @property
     def last_tokens(self) -> float | None:
@@ -132,6 +163,7 @@ class ProgressWatch:
         """The server restarted: what was seen says nothing about the engine now. (A read that fails is
         no reading at all: the last good one stands, since the counters only grow within one process.)"""
         self.last_work = self.advanced_at = self.queued_since = None
+        self.engine_work, self.engine_advanced_at, self.engine_queued_since = {}, {}, {}
 
     def advanced_within(self, now: float, seconds: float) -> bool:
         """Whether the engine did work (or was quiet on purpose) in the last `seconds`: a replica whose
@@ -144,10 +176,15 @@ class ProgressWatch:
         requests have gone unanswered."""
         if self.advanced_at is None:
             return None
+        stalls = [
+            now - max(self.engine_advanced_at[engine], since)
+            for engine, since in self.engine_queued_since.items()
+            if engine in self.engine_advanced_at
+        ]
         waiting = [at for at in (self.queued_since, canary_waiting_since) if at is not None]
-        if not waiting:
-            return None
-        return max(0.0, now - max(self.advanced_at, min(waiting)))
+        if waiting:
+            stalls.append(now - max(self.advanced_at, min(waiting)))
+        return max(0.0, *stalls) if stalls else None
 
 
 def hung_diagnosis(stalled_s: float, reading_tokens: float | None) -> str:

@@ -167,6 +167,8 @@ class Canary:
     _final: str | None = None
     """Why the canary ended: its last verdict says so, and is never `healthy`."""
     _too_big_said: bool = False
+    server_start: float | None = None
+    """The server process's start time as its /metrics last said: a change is a restart (`take_page`)."""
 
     def __post_init__(self) -> None:
         self.labels = case_labels(self.config.cases)
@@ -320,8 +322,15 @@ class Canary:
                 self._warn(f"{page.problem}: vLLM's counters are not read while the page is that big")
             return
         self.metrics.vllm_nan_read.set(self.clock())
-        if page.progress is not None and page.progress.started is not None:
-            self.metrics.note_server_start(page.progress.started)
+        started = page.progress.started if page.progress is not None else None
+        if started is not None:
+            self.metrics.note_server_start(started)
+            before, self.server_start = self.server_start, started
+            if before is not None and started != before:
+                # A new server process: what was seen of the last says nothing (its /health may never have
+                # been seen away: a restart between two polls).
+                self.server_restarted()
+                self.warn("the server restarted (its process start time changed): the canary starts afresh")
         if self.config.settings.metrics_every_s > 0:
             self.metrics.vllm_nan_counter.set(-1 if page.nan is None else page.nan.total)
             grown = self.nan_follower.take(page.nan)
@@ -374,12 +383,6 @@ class Canary:
             return None
         changed, _ = self._transition(lambda state: state.observe_progressing(progressing))
         return changed
-
-    def forget_progress(self) -> None:
-        """The engine is another one now (serve restarted it): what was seen of the last says nothing."""
-        with self._lock:
-            self.progress.forget()
-            self._waiting_since = None
 
     # --- the canary's own health ----------------------------------------------------------------------
 
@@ -441,11 +444,18 @@ class Canary:
     def engine_replaced(self) -> Status | None:
         """serve restarted vLLM itself: counted as a restart; a hang was the old engine's and is cleared,
         while corruption waits for a whole rotation of passes, as after any wrong answer."""
-        if self.state.hung:
-            return self.server_restarted()
-        self.metrics.server_restarts.inc()
-        self.forget_progress()
-        return None
+        changed = self.server_restarted() if self.state.hung else None  # (it counts the restart)
+        if changed is None:
+            self.metrics.server_restarts.inc()
+        self.forget_progress()  # the new process's first start time is no second restart
+        return changed
+
+    def forget_progress(self) -> None:
+        """The engine is another one now (serve restarted it): what was seen of the last says nothing."""
+        with self._lock:
+            self.progress.forget()
+            self._waiting_since = None
+            self.server_start = None  # the new process's start is its first, not a restart seen twice
 
     def misconfigured(self, diagnosis: str) -> Status | None:
         """The canary cannot judge for a reason of its own: a `misconfigured` verdict (never `healthy`,

@@ -151,13 +151,15 @@ class CanaryRuntime:
             stop.wait(every_s)
 
     def _watch_restarts(self, stop: threading.Event) -> None:
-        """Poll the server's /health; when it comes back after going away, the canary starts afresh."""
+        """Poll the server's /health; when it comes back after going away, the canary starts afresh —
+        unless the server's /metrics tells its process start time (`Canary.take_page` sees a restart by
+        that changing): then a /health that was only slow under load and came back is no restart."""
         from deploykit.canary.discovery import server_health_ok
 
         was_up: bool | None = None
         while not stop.is_set():
             up = server_health_ok(self.canary.config.endpoint, min(self.restart_poll_s, 5.0))
-            if up and was_up is False:
+            if up and was_up is False and self.canary.server_start is None:
                 self.page_reader.forget()
                 if self.canary.server_restarted() is not None:
                     self.canary.warn("the server restarted: the canary starts afresh")

@@ -134,7 +134,7 @@ class CanaryState:
             return None
         self.status, self.consecutive_misses, self.passes_since_wrong = "starting", 0, 0
         self.cause = None
-        self.diagnosis = "the server restarted (its /health went away and came back); no run since"
+        self.diagnosis = "the server restarted (a new process); no run since"
         return self.status
 
     def observe_live_nan(self, grown: float, total: float) -> Status | None:

@@ -96,7 +96,8 @@ def canary(
             "--watch-restarts/--no-watch-restarts",
             help=f"Poll the server's /health every {defaults.RESTART_POLL_S:g} s; when it comes back after "
             "going away (a restart), a corrupt or unreachable verdict is dropped and the canary starts "
-            "afresh.",
+            "afresh. Once the server's /metrics has shown its process start time, that decides instead "
+            "(a /health slow under load is no restart).",
         ),
     ] = True,
     verdict_file: Annotated[

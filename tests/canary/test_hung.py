@@ -94,7 +94,9 @@ def test_the_metric_names_are_the_installed_vllms() -> None:
 
 
 def test_read_progress_sums_engines_and_needs_the_token_counters() -> None:
-    assert read_progress(page(10, running=2, waiting=1)) == ProgressReading(tokens=115.0, queued=3.0)
+    reading = read_progress(page(10, running=2, waiting=1))
+    assert reading is not None and (reading.tokens, reading.queued) == (115.0, 3.0)
+    assert reading.engines == (("0", 110.0, 3.0), ("1", 5.0, 0.0))  # per engine: work, requests on it
     assert read_progress("# nothing of vLLM\nprocess_start_time_seconds 1.0\n") is None
     assert read_progress("vllm:generation_tokens_total{ 12\n") is None  # unparsable: nothing judged
 
@@ -495,3 +497,37 @@ def test_the_server_start_time_is_exported_from_its_first_reading_only(tmp_path:
     assert reading is not None and reading.started == 1.7966e9
     canary.take_page(ServerPage(progress=reading))
     assert b"deploykit_canary_server_start_timestamp_seconds 1.7966e+09" in canary.metrics.text()
+
+
+def two_engines(busy_tokens: float, wedged_tokens: float) -> str:
+    """Data parallel: engine 0 busy and advancing, engine 1 with two requests and counters still."""
+    return "\n".join(
+        [
+            "# TYPE vllm:num_requests_running gauge",
+            'vllm:num_requests_running{engine="0",model_name="m"} 8.0',
+            'vllm:num_requests_running{engine="1",model_name="m"} 2.0',
+            "# TYPE vllm:generation_tokens_total counter",
+            f'vllm:generation_tokens_total{{engine="0",model_name="m"}} {busy_tokens}',
+            f'vllm:generation_tokens_total{{engine="1",model_name="m"}} {wedged_tokens}',
+            "",
+        ]
+    )
+
+
+def test_one_wedged_engine_among_busy_ones_is_hung(tmp_path: Path) -> None:
+    """Summed over engines the counters advance every read; engine 1's own stand still while its requests
+    wait. Judged on the sum alone (what the canary did before) this was never `hung`."""
+    canary = make_canary(tmp_path, hung_after_s=60.0)
+    statuses = [
+        canary.observe_progress(
+            read_progress(two_engines(busy_tokens=100.0 + second, wedged_tokens=40.0)), now=second
+        )
+        for second in range(0, 70, 2)
+    ]
+    assert "hung" in statuses and statuses.index("hung") == 30  # the read at 60 s: the bound
+    summed = ProgressWatch()
+    for second in range(0, 70, 2):
+        reading = read_progress(two_engines(busy_tokens=100.0 + second, wedged_tokens=40.0))
+        assert reading is not None
+        summed.observe(ProgressReading(tokens=reading.tokens, queued=reading.queued), float(second))
+    assert (summed.stalled_for(68.0) or 0.0) < 60.0  # the sum alone says busy

@@ -4,12 +4,15 @@ seen (issue 45). The judgement runs on explicit monotonic times: nothing here wa
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
 
 from deploykit.canary.progress import ProgressReading
 from deploykit.canary.runner import Canary, CanaryConfig
+from deploykit.canary.runtime import CanaryRuntime
+from deploykit.canary.server_page import ServerPage
 from deploykit.canary.settings import CanarySettings
 from deploykit.canary.state import READY, STATUSES, CanaryState
 from deploykit.endpoint import Endpoint
@@ -104,3 +107,76 @@ def test_the_pod_probes_know_every_status_and_fail_readiness_exactly_off_ready(s
     assert status in pod_probe.STATUSES
     assert (status in pod_probe.FAILING["ready"]) == (status not in READY and status != "misconfigured")
     assert (status in pod_probe.FAILING["live"]) == (status in ("corrupt", "hung"))
+
+
+# --- a restart is a new process, not a /health that was slow under load ------------------------------
+
+
+def page_from(started: float, tokens: float = 5.0) -> ServerPage:
+    return ServerPage(progress=ProgressReading(tokens=tokens, queued=40, started=started))
+
+
+def test_a_health_that_was_slow_under_load_is_no_restart_once_the_start_time_is_known(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The overload bench: a canary's restart watcher saw vLLM's /health miss its 2 s poll under 4x load and
+    come back, took it for a restart, dropped the verdict and counted a restart (the cap alert counts
+    those). The server's start time, on the page the canary reads anyway, says it was the same process."""
+    answers = iter([True, False, True, False, True])
+    stop = threading.Event()
+
+    def health(endpoint: Endpoint, timeout: float) -> bool:
+        try:
+            return next(answers)
+        except StopIteration:
+            stop.set()
+            return True
+
+    monkeypatch.setattr("deploykit.canary.discovery.server_health_ok", health)
+    canary = make_canary(tmp_path)
+    canary.take_page(page_from(1000.0))
+    for _ in range(3):
+        canary.run_once()
+    assert canary.state.status == "saturated"
+    CanaryRuntime(canary, watch_restarts=True, restart_poll_s=0, stop=stop)._watch_restarts(stop)
+    assert canary.state.status == "saturated" and canary.metrics.server_restarts._value.get() == 0
+    # No page read yet (or none at all): /health away and back is the only sign, as before.
+    fresh = make_canary(tmp_path)
+    answers, stop = iter([True, False, True]), threading.Event()  # (the fake above reads both anew)
+    CanaryRuntime(fresh, watch_restarts=True, restart_poll_s=0, stop=stop)._watch_restarts(stop)
+    assert fresh.metrics.server_restarts._value.get() == 1
+
+
+def test_a_new_start_time_is_a_restart_even_when_health_never_looked_away(tmp_path: Path) -> None:
+    warnings: list[str] = []
+    canary = make_canary(tmp_path, report=MISS)
+    canary.on_warning = warnings.append
+    canary.take_page(page_from(1000.0))
+    for _ in range(3):
+        canary.run_once()
+    assert canary.state.status == "saturated"
+    canary.take_page(page_from(2000.0, tokens=0.0))  # a new process: its counters start again
+    assert canary.state.status == "starting" and canary.metrics.server_restarts._value.get() == 1
+    assert any("process start time changed" in line for line in warnings), warnings
+    canary.take_page(page_from(2000.0, tokens=3.0))
+    assert canary.metrics.server_restarts._value.get() == 1  # the same process: counted once
+
+
+def test_serve_restarting_vllm_counts_once_and_keeps_corruption_until_passes(tmp_path: Path) -> None:
+    """serve restarts vLLM itself (`engine_replaced`): one restart; the new process's first start time is
+    no second one, and corruption still waits for a rotation of passes (it is not dropped as a restart)."""
+    canary = make_canary(tmp_path)
+    canary.take_page(page_from(1000.0))
+    canary.state.observe("c", "wrong", "id 0")
+    canary.engine_replaced()
+    canary.take_page(page_from(2000.0, tokens=0.0))
+    assert canary.metrics.server_restarts._value.get() == 1 and canary.state.status == "corrupt"
+
+
+def test_serve_restarting_a_hung_vllm_counts_once_too(tmp_path: Path) -> None:
+    canary = make_canary(tmp_path)
+    canary.take_page(page_from(1000.0))
+    canary.state.observe_hung("stuck")
+    assert canary.engine_replaced() == "starting"  # the hang was the old engine's
+    canary.take_page(page_from(2000.0, tokens=0.0))
+    assert canary.metrics.server_restarts._value.get() == 1
