@@ -18,24 +18,8 @@ from deploykit.canary.state import READY, STATUSES, CanaryState
 from deploykit.endpoint import Endpoint
 from deploykit.profile.schema import SmokeCase
 from deploykit.render import pod_probe
-from deploykit.smoke import CaseResult, SmokeReport, summarise
-
-MISS = summarise(
-    [
-        CaseResult(
-            name="c",
-            kind="completion",
-            endpoint="/v1/completions",
-            model="m",
-            passed=False,
-            miss=True,
-            diagnosis="timeout: no answer within 5 s",
-        )
-    ]
-)
-GOOD = summarise(
-    [CaseResult(name="c", kind="completion", endpoint="/v1/completions", model="m", passed=True)]
-)
+from deploykit.smoke import SmokeReport
+from tests.canary.test_hung import GOOD, MISS
 
 
 def make_canary(tmp_path: Path, report: SmokeReport = MISS) -> Canary:
