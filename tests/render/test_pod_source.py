@@ -22,17 +22,29 @@ def _without_module_docstring(tree: ast.Module) -> ast.Module:
     return tree
 
 
+def _without_body_docstrings(tree: ast.Module) -> ast.Module:
+    """Each class's and function's docstring taken out, where it is not the whole body."""
+    for node in ast.walk(tree):
+        is_body = isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        if is_body and len(node.body) > 1 and ast.get_docstring(node, clean=False) is not None:
+            node.body = node.body[1:]
+    return tree
+
+
 @pytest.mark.parametrize("path", MODULES, ids=lambda path: str(path.relative_to(PACKAGE_DIR)))
 def test_every_module_keeps_its_code_on_the_same_lines(path: Path) -> None:
     source = path.read_bytes()
     copy = pod_source(source)
     original = ast.parse(source)
     stripped = ast.parse(copy)
-    if b"__doc__" in source:  # argparse descriptions: the module reads its own docstring
+    if b"__doc__" in source:  # argparse descriptions: the module reads its own docstrings
         assert ast.get_docstring(stripped) == ast.get_docstring(original)
     else:
         assert ast.get_docstring(stripped) is None
         original = _without_module_docstring(original)
+        if b"import typer" not in source:  # typer's --help is its commands' docstrings: those stay
+            original = _without_body_docstrings(original)
+            stripped = _without_body_docstrings(stripped)  # one left in place (it shares its line) too
     # Every node, with its line and column: a traceback from the pod names the source's lines.
     assert ast.dump(stripped, include_attributes=True) == ast.dump(original, include_attributes=True)
     assert copy.count(b"\n") == source.count(b"\n")
@@ -93,11 +105,38 @@ def _tokenizer_reference(source: bytes) -> bytes:
         and code[1].type == tokenize.NEWLINE
         and code[0].string.lstrip("rRuU")[:1] in ("'", '"')
     )
-    if is_docstring:
-        for row in range(code[0].start[0], code[0].end[0] + 1):
+    blank = [(code[0].start[0], code[0].end[0])] if is_docstring else []
+    if "__doc__" not in text and "import typer" not in text:
+        blank += _body_docstrings(tokens)
+    for first, last in blank:
+        for row in range(first, last + 1):
             line = lines[row - 1]
             lines[row - 1] = line[len(line.rstrip("\r\n")) :]
     return "".join(lines).encode("utf-8")
+
+
+def _body_docstrings(tokens: list[tokenize.TokenInfo]) -> list[tuple[int, int]]:
+    """By the tokens alone: a string that is a whole logical line right after a `def`/`class` header's INDENT,
+    when more code follows it in that block (a DEDENT right after it would leave the body empty)."""
+    found = []
+    code = [t for t in tokens if t.type not in (tokenize.COMMENT, tokenize.NL, tokenize.ENCODING)]
+    for index in range(2, len(code) - 2):
+        string, after, next_ = code[index], code[index + 1], code[index + 2]
+        if string.type != tokenize.STRING or code[index - 1].type != tokenize.INDENT:
+            continue
+        if after.type != tokenize.NEWLINE or next_.type == tokenize.DEDENT:
+            continue
+        if string.string.lstrip("rRuU")[:1] not in ("'", '"'):
+            continue
+        start = index - 2  # the header's NEWLINE; its first token follows the NEWLINE before it
+        while start > 0 and code[start - 1].type != tokenize.NEWLINE:
+            start -= 1
+        opener = [t.string for t in code[start:index] if t.type not in (tokenize.INDENT, tokenize.DEDENT)]
+        if opener[:1] == ["async"]:
+            opener = opener[1:]
+        if opener[:1] in (["def"], ["class"]):
+            found.append((string.start[0], string.end[0]))
+    return found
 
 
 HARD_CASES = {
@@ -119,6 +158,14 @@ HARD_CASES = {
     "crlf": b'"""Doc."""\r\nA = "#"  # c\r\n',
     "unicode": "A = 'é#ü'  # ç\nB = 'ü'\n".encode(),
     "empty": b"",
+    "function-docstring": b'def f():\n    """Why."""\n    return 1\n',
+    "class-docstring-only": b'class A:\n    """The whole body."""\n',
+    "method-docstring-shares-a-line": b'class A:\n    def f(self):\n        """Why."""; return 1\n',
+    "async-and-nested": (
+        b'async def f():\n    """Why."""\n    def g():\n        """And."""\n        return 2\n    return g\n'
+    ),
+    "not-after-a-header": b'if X:\n    """A string, not a docstring."""\n    Y = 1\n',
+    "typer-module-keeps-them": b'import typer\n\ndef cmd():\n    """Its --help."""\n    return 1\n',
 }
 
 
