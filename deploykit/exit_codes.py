@@ -25,6 +25,10 @@ HUNG = 5
 """The canary saw a hung engine (`--exit-on-corruption`): requests waited with no token produced for the
 bound; systemd and the chart restart vLLM on it, under the same cap as corruption."""
 
+HOLD = 6
+"""`deploykit gate` held the candidate back: its answers drift from the baseline's, or it is slower. (A
+candidate that fails on its own is `FAILED`.)"""
+
 INTERRUPTED = 130
 """Stopped by Ctrl-C or SIGINT (128 + signal 2, the shell's convention: `for_signal`)."""
 
@@ -43,5 +47,6 @@ MEANINGS: dict[int, str] = {
     CORRUPT: "the canary saw corrupt output",
     NO_GPU: "probe found no NVIDIA GPU",
     HUNG: "the canary saw a hung engine",
+    HOLD: "the gate held the candidate: drift or slower",
     INTERRUPTED: "interrupted (Ctrl-C)",
 }

@@ -28,7 +28,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -170,9 +170,11 @@ def fetch(
     method: str = "GET",
     json_body: Any = None,
     headers: Mapping[str, str] | None = None,
+    on_chunk: Callable[[bytes], None] | None = None,
 ) -> Reply:
     """One request to `url`, ended at `deadline_s` seconds (connect to last byte) or `max_bytes` of body,
-    whichever comes first; never raises for the server's or the network's doing."""
+    whichever comes first; never raises for the server's or the network's doing. `on_chunk` sees each
+    piece of the body as it arrives (a stream's timing: `deploykit.gate.load_sample`), within the caps."""
     import http.client
 
     started = time.monotonic()
@@ -217,6 +219,8 @@ def fetch(
                 if not chunk:
                     break
                 body += chunk
+                if on_chunk is not None and len(body) <= max_bytes:
+                    on_chunk(chunk)
                 if len(body) > max_bytes:
                     return reply(
                         status=response.status,

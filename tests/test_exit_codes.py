@@ -34,6 +34,7 @@ def test_each_number_has_one_meaning() -> None:
         "CORRUPT": 3,
         "NO_GPU": 4,
         "HUNG": 5,
+        "HOLD": 6,
         "INTERRUPTED": 130,
     }
     assert len(set(codes.values())) == len(codes)  # no two names share a number

@@ -413,3 +413,25 @@ def test_canary_serves_healthz_with_only_the_image_packages(
     assert "Traceback" not in stderr, stderr[-3000:]
     assert process.returncode == 0, stderr[-3000:]
     lines.wait_for(r"^canary stopped$", time.monotonic() + 10)
+
+
+def test_the_gate_job_runs_with_only_the_image_packages(
+    image_env: dict[str, str], fake_vllm: str, tmp_path: Path
+) -> None:
+    """The chart's gate Job (AnalysisTemplate or plain Job) runs `deploykit gate --url` from the same wheel:
+    judged, printed as JSON, no store, nothing it cannot import (its launch mode is not in the wheel)."""
+    facts = REPO / "tests" / "fixtures" / "facts" / "t4.json"
+    profile = tmp_path / "gate-profile.yaml"  # the chart's profile, its fix left to the plan (auto)
+    profile.write_text(PROFILE.replace(f'fixes:\n  {FIX}: "on"\n', ""))
+    argv = ["-m", "deploykit", "gate", "--profile", str(profile), "--url", fake_vllm]
+    argv += ["--baseline-url", fake_vllm, "--facts", str(facts), "--api-key-env", API_KEY_ENV]
+    result = run_in_image([*argv, "--no-store", "--no-load", "--format", "json"], image_env, tmp_path)
+
+    output = result.stdout + result.stderr
+    assert "Traceback" not in output, output[-3000:]
+    assert result.returncode == 0, output[-3000:]
+    report = json.loads(result.stdout)
+    assert report["verdict"] == "promote" and report["drift"] is None
+    assert FIX in report["candidate"]["fixes_active"]  # as the server reports it
+    assert report["candidate"]["key_parts"]["device"].startswith("Tesla T4")  # keyed on the chart's facts
+    assert API_KEY not in output

@@ -13,7 +13,7 @@ import typer
 from typer.core import TyperGroup
 
 from deploykit import exit_codes
-from deploykit.cli import advisories, canary, fixes, plan, probe, profiles, render, serve, trace
+from deploykit.cli import advisories, canary, fixes, gate, plan, probe, profiles, render, serve, trace
 from deploykit.errors import DeploykitError, UsageError
 from deploykit.untrusted_text import terminal_text
 
@@ -97,7 +97,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 # Registration order is the order `deploykit --help` lists the commands in (groups after commands).
-for group in (profiles, probe, plan, advisories, fixes, serve, render, canary, trace):
+for group in (profiles, probe, plan, advisories, fixes, serve, gate, render, canary, trace):
     group.register(app)
 
 

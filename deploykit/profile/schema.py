@@ -416,6 +416,29 @@ class SmokeSpec(_Strict):
         return answers
 
 
+class GateSpec(_Strict):
+    """How `deploykit gate` samples speed and what it calls slower (docs/gate.md)."""
+
+    streams: Annotated[list[Annotated[int, Field(ge=1, le=256)]], Field(min_length=1, max_length=8)] = Field(
+        default_factory=lambda: [1, 4],
+        description="the concurrent stream counts of the load sample, each measured on both sides",
+    )
+    requests_per_stream: Annotated[int, Field(ge=1, le=64)] = Field(
+        default=2, description="requests each stream sends one after another"
+    )
+    prompt_tokens: Annotated[int, Field(ge=1, le=8192)] = Field(
+        default=64, description="prompt length of a load request, in token ids"
+    )
+    output_tokens: Annotated[int, Field(ge=2, le=4096)] = Field(
+        default=128, description="tokens each load request generates (`ignore_eos`)"
+    )
+    slower_threshold: Annotated[float, Field(gt=0, lt=1)] = Field(
+        default=0.25,
+        description="hold when, at any stream count, throughput or KV-cache capacity falls by more than "
+        "this fraction of the baseline's, or TPOT grows by more than it",
+    )
+
+
 class DeploySpec(_Strict):
     startup_timeout_s: Annotated[int, Field(gt=0)] = 900
     # A portable user name: it is written into User=/Group= and the sysusers line as it stands.
@@ -473,6 +496,7 @@ class Profile(_Strict):
     )
     smoke: SmokeSpec = Field(default_factory=SmokeSpec)
     deploy: DeploySpec = Field(default_factory=DeploySpec)
+    gate: GateSpec = Field(default_factory=GateSpec)
 
     @field_validator("env")
     @classmethod
@@ -529,6 +553,7 @@ _LATER_FIELD_DEFAULTS: dict[tuple[str, ...], object] = {
     ("serve", "usage_stats"): False,
     ("smoke", "fingerprint"): FingerprintSpec().model_dump(mode="json"),
     ("smoke", "known_answers"): [],
+    ("gate",): GateSpec().model_dump(mode="json"),
 }
 # The same for the fields of each entry of smoke.cases.
 _LATER_CASE_FIELD_DEFAULTS: dict[str, object] = {"expect_ids": None, "name": None}

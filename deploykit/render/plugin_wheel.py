@@ -44,17 +44,22 @@ MAX_WHEEL_BYTES = 840 * 1024
 _ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 _PACKAGE_SUFFIXES = (".py", ".typed")
 # What the pod runs: the plugin, the canary, the smoke (`deploykit smoke --url`: serve/remote_smoke.py; it
-# plans, to know the fixes to expect) and the exec probes. Nothing in the pod renders, traces or launches
-# vLLM itself (`deploykit serve`: serve/attempt.py, serving mode's serve/watch.py), and it reads its profile
-# from a file, so the templates, the shipped profiles, render's modules but the probes, trace/ and those two
-# stay out of a wheel that must fit a Helm release (MAX_WHEEL_BYTES). tests/test_sidecar_imports.py runs the
-# canary and smoke from this wheel with nothing else to import from.
+# plans, to know the fixes to expect), the upgrade gate's Job (`deploykit gate --url`) and the exec probes.
+# Nothing in the pod renders, traces or launches vLLM itself (`deploykit serve`: serve/attempt.py, serving
+# mode's serve/watch.py; `gate --launch`: gate/launch.py), and it reads its profile from a file, so the
+# templates, the shipped profiles, render's modules but the probes, trace/ and those three stay out of a wheel
+# that must fit a Helm release (MAX_WHEEL_BYTES). tests/test_sidecar_imports.py runs the canary, the smoke and
+# the gate from this wheel with nothing else to import from.
 POD_DATA: tuple[str, ...] = ()
+# Package data a pod reads: the advisory catalog, which every plan judges (the gate's Job plans its profile on
+# the chart's probe facts, for the fixes to expect and the fingerprint key).
+_POD_PACKAGE_DATA = frozenset({"advisories/catalog.yaml"})
 _POD_RENDER_MODULES = {"__init__.py", "pod_probe.py", "pod_restarts.py", "canary_keeper.py"}
 _LEFT_OUT_PACKAGES = {"trace"}
 _LEFT_OUT_MODULES = {
     ("serve", "attempt.py"),  # `deploykit serve` launches vLLM: never in the pod
     ("serve", "watch.py"),
+    ("gate", "launch.py"),  # `deploykit gate --launch` starts vLLM: a pod gates running servers (`--url`)
     ("vllm_plugin", "trace_hooks.py"),  # `deploykit trace` only
     # The real model's converter: a pod never converts it (render refuses a builtin model). The tiny model's
     # module stays: it is small, and a smoke of a profile that names builtin:tiny-llama resolves its path.
@@ -112,6 +117,8 @@ def _package_files(package_dir: Path) -> Iterator[tuple[str, bytes]]:
             yield f"deploykit/{relative.as_posix()}", path.read_bytes()
         elif relative.parts[0] == _TABLES_DIR and path.suffix == ".json":
             yield f"deploykit/{relative.as_posix()}", _pod_table(path)
+        elif relative.as_posix() in _POD_PACKAGE_DATA:
+            yield f"deploykit/{relative.as_posix()}", path.read_bytes()
     for name in POD_DATA:
         folder = shipped_data_dir(name, package_dir)
         if folder is None:

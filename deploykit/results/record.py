@@ -19,7 +19,7 @@ from deploykit.smoke.fingerprint import Fingerprint
 
 Verdict = Literal["pass", "fail", "error", "interrupted", "unreadable"]
 """`unreadable` is never written: the reader gives it to a row it cannot read (`sql.rows.decode_row`)."""
-Command = Literal["serve", "smoke", "canary", "trace", "unknown"]
+Command = Literal["serve", "smoke", "canary", "trace", "gate", "unknown"]
 """`unknown` is never written: an unreadable row whose command this deploykit does not know."""
 UNREADABLE: Verdict = "unreadable"
 _FINGERPRINT_KEY = re.compile(r"[0-9a-f]{1,64}")
@@ -61,6 +61,11 @@ class ResultRecord(BaseModel):
     log_tail: str = ""
     fingerprint: Fingerprint | None = Field(
         default=None, description="the probe set's answers, their key and the comparison with its baseline"
+    )
+    gate: dict[str, Any] | None = Field(
+        default=None,
+        description="`deploykit gate`'s whole report (deploykit.gate.model.GateReport): both sides, the "
+        "findings and the verdict; None for every other command",
     )
 
     @field_validator("base_url")

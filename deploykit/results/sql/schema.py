@@ -33,7 +33,7 @@ def results_table(metadata: sa.MetaData, *, schema_version: int | None = None) -
     if version >= 4:
         added_later += [sa.Column("fingerprint", sa.JSON), sa.Column("fingerprint_key", sa.String(64))]
     if newest:  # the additions (ADDITIONS): nullable, so the previous release's inserts still fit
-        added_later += [sa.Column("row_uuid", sa.String(32))]
+        added_later += [sa.Column("row_uuid", sa.String(32)), sa.Column("gate", sa.JSON)]
     # The inputs a person chooses (a profile's name, a URL) have no length limit: TEXT since addition 2.
     input_type: Callable[[int], Any] = (lambda _n: sa.Text) if newest else sa.String
     return sa.Table(
@@ -234,10 +234,20 @@ class Addition:
     apply: Callable[[sa.Connection], None]
 
 
+def _add_gate_reports(conn: sa.Connection) -> None:
+    """`deploykit gate`'s report with its row. Rows stored before it, and every other command's, have NULL;
+    the previous release never selects the column and reads a gate row as one of an unknown command."""
+    import sqlalchemy as sa
+
+    json_type = sa.JSON().compile(dialect=conn.dialect)
+    conn.exec_driver_sql(f"ALTER TABLE results ADD COLUMN gate {json_type}")
+
+
 ADDITIONS: tuple[Addition, ...] = (
     Addition(1, "row_uuid: each attempt's own id, unique (a replayed row is written once)", _add_row_uuid),
     Addition(2, "profile_name and base_url as TEXT", _widen_inputs),
     Addition(3, "passwords older versions kept in base_url scrubbed", _scrub_base_url_passwords),
+    Addition(4, "gate: the upgrade gate's report with its row", _add_gate_reports),
 )
 
 

@@ -132,7 +132,9 @@ class SqlStore:
                     row = validated_row(record)
                 result = conn.execute(sa.insert(results).values(**row).returning(results.c.id))
                 row_id = int(result.scalar_one())
-                if record.fingerprint is not None and record.passed:
+                if record.fingerprint is not None and record.passed and record.command != "gate":
+                    # A gate's candidate is judged like any row, but moves no baseline of its own accord:
+                    # it becomes one only when a person adopts it (`gate --adopt`: `pin_baseline`).
                     settle_baseline(conn, record, record.fingerprint, judged, row_id)
                 return row_id
         except StoreError:

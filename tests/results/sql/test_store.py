@@ -97,7 +97,7 @@ def test_an_old_store_is_migrated_and_keeps_its_rows(store_url: str) -> None:
     assert old.schema_version() == 1
     # A row as deploykit wrote it at schema version 1 (no fixes_active column yet).
     v1_table = results_table(sa.MetaData(), schema_version=1)
-    later = {"id", "fixes_active", "fingerprint", "row_uuid"}
+    later = {"id", "fixes_active", "fingerprint", "row_uuid", "gate"}
     row = full_record(profile="from-v1").model_dump(mode="json", exclude=later)
     row["created_at"] = datetime.now(UTC)
     with old.engine.begin() as conn:
