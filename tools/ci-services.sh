@@ -57,6 +57,28 @@ if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2
 fi
 promtool --version >/dev/null
 
+# The Argo Rollouts schemas, test-only: tests/render/test_gate_render.py validates the chart's AnalysisTemplate
+# with the validators of npm's @kubernetes-models/argo-rollouts (compiled from Argo Rollouts' own Go types, its
+# Job provider's JobSpec included) and reads the property names its type declarations list. Pinned, with the
+# four @kubernetes-models packages it needs, into a cache folder of their own (no package.json of ours, no
+# lifecycle script run); Node.js is the machine's, else Debian's.
+ARGO_MODELS_DIR=${DEPLOYKIT_ARGO_MODELS_DIR:-/var/cache/deploykit-ci/npm}
+ARGO_MODELS=(
+  @kubernetes-models/argo-rollouts@2.0.0 @kubernetes-models/base@6.0.1 @kubernetes-models/apimachinery@3.0.2
+  @kubernetes-models/validate@5.0.2 kubernetes-models@5.1.0
+)
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  echo "ci-services: installing Node.js and npm (Debian packages)"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+fi
+if ! grep -qs '"version": "2.0.0"' "$ARGO_MODELS_DIR/node_modules/@kubernetes-models/argo-rollouts/package.json"; then
+  echo "ci-services: installing ${ARGO_MODELS[0]} (npm) into $ARGO_MODELS_DIR"
+  as_root mkdir -p "$ARGO_MODELS_DIR"
+  as_root npm install --prefix "$ARGO_MODELS_DIR" --no-save --no-package-lock --no-audit --no-fund \
+    --ignore-scripts --loglevel=error "${ARGO_MODELS[@]}" >/dev/null
+fi
+
 if ! command -v pg_ctlcluster >/dev/null 2>&1 || ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
   echo "ci-services: installing PostgreSQL (Debian package)"
   as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq

@@ -28,6 +28,7 @@ from deploykit.render.common import (
     plain_env,
     template_root,
 )
+from deploykit.render.gate import FACTS_FILE, facts_json, gate_values
 from deploykit.render.group_chart import checked_group, group_values
 from deploykit.render.model_source import model_values
 from deploykit.render.plugin_wheel import PluginWheel, build_plugin_wheel
@@ -369,6 +370,8 @@ def chart_values(plan: Plan, loaded: LoadedProfile, wheel: PluginWheel) -> tuple
             "affinity": {},
         },
         "podDisruptionBudget": {"enabled": False},
+        # The upgrade gate (deploykit.render.gate; templates/_gate.tpl): both forms off.
+        "gate": gate_values(profile.deploy.startup_timeout_s),
         "metrics": {
             "podMonitor": {"enabled": False, "interval": "30s", "labels": {}},
             "serviceMonitor": {"enabled": False, "interval": "30s", "labels": {}},
@@ -443,6 +446,7 @@ def render_helm(plan: Plan, loaded: LoadedProfile) -> RenderResult:
         "vllm_version": plan.vllm_version or "unknown",
         "startup_timeout_s": profile.deploy.startup_timeout_s,
         "wheel_kib": round(wheel.size_kib),
+        "facts_file": FACTS_FILE,
         "values": values,
     }
     jinja = jinja_environment()
@@ -453,6 +457,8 @@ def render_helm(plan: Plan, loaded: LoadedProfile) -> RenderResult:
         *chart_files(template_root() / "helm" / "chart"),
         RenderedFile(path=f"{CHART_FILES_DIR}/{wheel.filename}", content=wheel.data),
         *monitoring_files(),
+        # The facts the chart was rendered from: the gate's --facts (templates/configmap-gate.yaml).
+        RenderedFile(path=f"{CHART_FILES_DIR}/{FACTS_FILE}", content=facts_json(plan)),
     ]
     # The chart is a directory named after it, as `helm create` makes it.
     files = [item.model_copy(update={"path": f"{chart_name}/{item.path}"}) for item in files]

@@ -75,6 +75,11 @@ def quote_word(word: str) -> str:
     return escape.systemd_exec_word(word)
 
 
+class Expanded(str):
+    """An ExecStart= word written as it is, never quoted: `${NAME}` (deploykit.render.gate.unit_variable),
+    which systemd replaces by one variable's whole value, as one argument."""
+
+
 def command_line(argv: list[str]) -> str:
     """ExecStart= value: one flag and its values per continued line, so the unit stays readable."""
     if not argv or not argv[0].startswith("/"):
@@ -83,7 +88,7 @@ def command_line(argv: list[str]) -> str:
     for word in argv:
         if word.startswith("-") and lines[-1]:
             lines.append([])
-        lines[-1].append(quote_word(word))
+        lines[-1].append(word if isinstance(word, Expanded) else quote_word(word))
     return " \\\n    ".join(" ".join(line) for line in lines)
 
 
@@ -290,6 +295,50 @@ def worker_units(
     return files
 
 
+def gate_files(
+    context: Mapping[str, object], plan: Plan, loaded: LoadedProfile, bin_dir: Path, url: str
+) -> list[RenderedFile]:
+    """The upgrade gate (docs/deploy.md, The upgrade gate in a cluster and on a host): a oneshot unit the
+    operator starts before switching the prefix, `deploykit gate` judging a candidate server (its URL from
+    an environment file) against the running server, as the smoke companion's user and in its sandbox; an
+    example of that file; and the facts the set was rendered from, for `--facts`."""
+    from deploykit.render import gate
+
+    name = loaded.profile.name
+    unit = f"{context['unit']}-gate"
+    facts_file = f"{ENV_DIR}/{name}.facts.json"
+    report_file = f"{context['state_dir']}/{gate.REPORT_FILE}"
+    argv = [str(bin_dir / "deploykit"), "gate", "--profile", f"{ENV_DIR}/{name}.yaml"]
+    argv += ["--url", Expanded(gate.unit_variable(gate.CANDIDATE_VARIABLE)), "--baseline-url", url]
+    argv += ["--facts", facts_file, "--format", "json", "--report-file", report_file]
+    if "VLLM_API_KEY" in plan.secret_env:
+        argv += ["--api-key-env", "VLLM_API_KEY"]  # one key for both servers, from the secrets file
+    gate_context = {
+        "unit": unit,
+        "exec": command_line(argv),
+        "timeout_s": gate.GATE_TIMEOUT_S,
+        "candidate_file": f"{ENV_DIR}/{name}-gate.env",
+        "candidate_example": f"{name}-gate.env.example",
+        "candidate_variable": gate.CANDIDATE_VARIABLE,
+        "baseline_url": url,
+        "facts_file": facts_file,
+        "facts_example": f"{name}.facts.json",
+        "report_file": report_file,
+    }
+    jinja = jinja_environment()
+    full = {**context, "gate": gate_context}
+    return [
+        RenderedFile(
+            path=f"{unit}.service", content=jinja.get_template("systemd/gate.service.j2").render(full)
+        ),
+        RenderedFile(
+            path=str(gate_context["candidate_example"]),
+            content=jinja.get_template("systemd/gate.env.j2").render(full),
+        ),
+        RenderedFile(path=str(gate_context["facts_example"]), content=gate.facts_json(plan)),
+    ]
+
+
 def render_systemd(plan: Plan, loaded: LoadedProfile, options: SystemdOptions) -> RenderResult:
     from deploykit import __version__
 
@@ -426,6 +475,7 @@ def render_systemd(plan: Plan, loaded: LoadedProfile, options: SystemdOptions) -
         *monitoring_files(),
     ]
     files += worker_units(group, context, loaded, bin_dir)
+    files += gate_files(context, plan, loaded, bin_dir, url)
     warnings = list(plan.warnings) + (group.warnings if group else [])
     if plan.platform == "cuda" and not plan.facts.gpus:
         warnings.append(f"no GPU facts: the unit allows GPUs {','.join(map(str, gpus))} by index")

@@ -103,7 +103,7 @@ def test_both_nodes_open_gpus_0_to_7_with_one_environment_and_sandbox(
 def test_the_smoke_and_canary_run_on_the_leader_only(group: tuple[Path, dict[str, Any], str]) -> None:
     out, _, stderr = group
     assert sorted(p.name for p in out.glob("*.service")) == sorted(
-        [LEADER, WORKER, f"{UNIT}-smoke.service", f"{UNIT}-canary.service"]
+        [LEADER, WORKER, f"{UNIT}-smoke.service", f"{UNIT}-canary.service", f"{UNIT}-gate.service"]
     )
     leader, worker = (out / LEADER).read_text(), (out / WORKER).read_text()
     assert f"{UNIT}-smoke.service" in unit_value(leader, "Wants")
