@@ -23,7 +23,9 @@ def gate(
     ] = False,
     candidate_profile: Annotated[
         str | None,
-        typer.Option("--candidate-profile", help="The launched candidate's profile (default: --profile)."),
+        typer.Option(
+            "--candidate-profile", help="The candidate's profile, running or launched (default: --profile)."
+        ),
     ] = None,
     candidate_python: Annotated[
         Path | None,

@@ -9,7 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from deploykit.gate.model import Drift, Figures, Reason, Side, SpeedFinding
-from deploykit.smoke.fingerprint import Fingerprint, compare, tie_margin
+from deploykit.profile.schema import KNOWN_ANSWER_PREFIX
+from deploykit.smoke.fingerprint import Fingerprint, compare, tie_margin, top_gap
+from deploykit.smoke.models import CaseResult
 
 _KEY_PARTS_SHOWN = ("model", "weights", "dtype", "vllm", "device", "tensor_parallel_size", "fixes")
 
@@ -23,11 +25,19 @@ def changed_parts(baseline: Side, candidate: Side) -> dict[str, list[object]]:
     }
 
 
+def missed_known_answers(side: Side) -> list[CaseResult]:
+    """The known answers (`smoke.known_answers`) the side got wrong: its answers differ from what is known,
+    which is drift, never adoptable (docs/fingerprints.md, Upgrades)."""
+    return [case for case in side.failed_cases if case.name.startswith(KNOWN_ANSWER_PREFIX)]
+
+
 def broken_reason(side: Side) -> str | None:
-    """Why a side fails on its own, whatever the other answers: None when it does not."""
+    """Why a side fails on its own, whatever the other answers (a crash, NaN, token 0, an inconsistent or
+    refused answer, a fix not active, a probe it cannot answer): None when it does not. A missed known answer
+    is not broken: it is an answer that differs (`missed_known_answers`)."""
     if side.problem:
         return side.problem
-    failed = side.failed_cases
+    failed = [case for case in side.failed_cases if not case.name.startswith(KNOWN_ANSWER_PREFIX)]
     if failed:
         first = failed[0]
         more = f" (and {len(failed) - 1} more case(s))" if len(failed) > 1 else ""
@@ -65,20 +75,48 @@ def drift_between(baseline: Fingerprint, candidate: Fingerprint) -> tuple[Drift 
     ), tolerance
 
 
+def clear_positions(baseline: Fingerprint, tolerance: float) -> tuple[int, int]:
+    """How many of the baseline's probe positions lead by a clear margin at `tolerance` (the ones whose ids
+    must match), of how many: a comparison where none does compared nothing."""
+    margin = tie_margin(tolerance)
+    gaps = [top_gap(top) for answer in baseline.answers for top in answer.top]
+    return sum(1 for gap in gaps if gap is not None and gap >= margin), len(gaps)
+
+
 def speed_findings(baseline: Figures, candidate: Figures, threshold: float) -> list[SpeedFinding]:
     """Each figure both sides have: throughput and TPOT per stream count and KV-cache capacity are judged
-    against `threshold`; start-up time is reported only (a warm compile cache halves it)."""
+    against `threshold`; start-up time is reported only (a warm compile cache halves it). A load figure is
+    slower only when the candidate's best is worse than the baseline's best by more than the threshold AND
+    worse than every baseline sample: on a machine whose own noise spans more than the threshold (a shared
+    2-core host: the same server measured 0.46 to 2.0 × itself), the spread is the bound, as the fingerprint's
+    tolerance is its measured noise."""
     findings: list[SpeedFinding] = []
     for point in baseline.load:
         other = candidate.at(point.streams)
         if other is None or point.problem or other.problem:
             continue  # a failed sample is the side's own finding (`broken_reason`), never "as fast"
         findings.append(
-            _finding("tokens_per_s", point.streams, point.tokens_per_s, other.tokens_per_s, True, threshold)
+            _finding(
+                "tokens_per_s",
+                point.streams,
+                point.tokens_per_s,
+                other.tokens_per_s,
+                True,
+                threshold,
+                point.tokens_per_s_worst,
+            )
         )
         if point.tpot_ms is not None and other.tpot_ms is not None:
             findings.append(
-                _finding("tpot_ms", point.streams, point.tpot_ms, other.tpot_ms, False, threshold)
+                _finding(
+                    "tpot_ms",
+                    point.streams,
+                    point.tpot_ms,
+                    other.tpot_ms,
+                    False,
+                    threshold,
+                    point.tpot_ms_worst,
+                )
             )
     if baseline.kv_cache_tokens and candidate.kv_cache_tokens:
         findings.append(
@@ -93,15 +131,24 @@ def speed_findings(baseline: Figures, candidate: Figures, threshold: float) -> l
 
 
 def _finding(
-    metric: str, streams: int | None, base: float, cand: float, higher_is_better: bool, threshold: float
+    metric: str,
+    streams: int | None,
+    base: float,
+    cand: float,
+    higher_is_better: bool,
+    threshold: float,
+    base_worst: float | None = None,
 ) -> SpeedFinding:
     ratio = cand / base if base else float("inf")
     slower = ratio < 1 - threshold if higher_is_better else ratio > 1 + threshold
+    if base_worst is not None:  # outside the baseline's own spread too
+        slower = slower and (cand < base_worst if higher_is_better else cand > base_worst)
     return SpeedFinding(
         metric=metric,
         streams=streams,
         baseline=base,
         candidate=cand,
+        baseline_worst=base_worst,
         ratio=round(ratio, 4),
         higher_is_better=higher_is_better,
         judged=True,
@@ -116,20 +163,50 @@ def describe_finding(finding: SpeedFinding) -> str:
 
 
 def verdict(
-    baseline: Side, candidate: Side, drift: Drift | None, speed: Sequence[SpeedFinding]
+    baseline: Side,
+    candidate: Side,
+    drift: Drift | None,
+    speed: Sequence[SpeedFinding],
+    clear: tuple[int, int] | None = None,
 ) -> tuple[Reason | None, str]:
-    """The deciding reason (None: promote) and the one line that says why."""
+    """The deciding reason (None: promote) and the one line that says why. `clear`: the baseline's clear
+    positions at the comparison's tolerance, of all (`clear_positions`): none clear is no evidence of
+    agreement, so it holds as drift does, for a person to decide."""
     why = broken_reason(baseline)
     if why is not None:
         return "broken", f"the baseline fails on its own, so nothing can be compared: {why}"
     why = broken_reason(candidate)
     if why is not None:
         return "broken", f"the candidate fails on its own: {why}"
+    missed = missed_known_answers(candidate)
+    if missed:
+        also = f"; the fingerprint too: {drift.text}" if drift is not None else ""
+        more = f" (and {len(missed) - 1} more)" if len(missed) > 1 else ""
+        return (
+            "drift",
+            f"the candidate misses a known answer: {missed[0].name}: {missed[0].diagnosis}{more}{also}",
+        )
     if drift is not None:
         return "drift", f"the candidate's answers differ from the baseline's: {drift.text}"
+    if clear is not None and clear[0] == 0:
+        return "drift", (
+            f"the fingerprints cannot be compared: all {clear[1]} of the baseline's positions are near ties "
+            "at the looser side's tolerance, so nothing shows the answers agree (a person decides: --adopt "
+            "--accept-drift)"
+        )
     slower = [f for f in speed if f.judged and f.slower]
     if slower:
         return "slower", "the candidate is slower: " + "; ".join(describe_finding(f) for f in slower)
     return None, "the candidate answers as the baseline does" + (
         ", and is as fast" if any(f.judged for f in speed) else ""
+    )
+
+
+def drift_acceptable(reason: Reason | None, candidate: Side, speed: Sequence[SpeedFinding]) -> bool:
+    """Whether a person may accept this hold (`--accept-drift`): it is drift of the fingerprint alone. Known
+    answers must hold whoever accepts, and a slower or broken candidate is never adopted."""
+    return (
+        reason == "drift"
+        and not missed_known_answers(candidate)
+        and not any(f.judged and f.slower for f in speed)
     )

@@ -207,10 +207,19 @@ def summarise(
 def best(points: Sequence[LoadPoint]) -> LoadPoint:
     """Of repeated samples at one stream count, the best of each figure (the highest throughput, the lowest
     TPOT): a sample can only be slowed by what else the machine did, never sped up, so the best of a few is
-    the closest to what the server can do. A sample with a problem is kept as it is: it is the finding."""
+    the closest to what the server can do. The worst of each is kept too: the spread is the noise the other
+    side must fall outside of (`judge.speed_findings`). A sample with a problem is kept as it is: it is the
+    finding."""
     failed = [p for p in points if p.problem]
     if failed:
         return failed[0]
     fastest = max(points, key=lambda p: p.tokens_per_s)
     tpots = [p.tpot_ms for p in points if p.tpot_ms is not None]
-    return fastest.model_copy(update={"tpot_ms": min(tpots) if tpots else None})
+    return fastest.model_copy(
+        update={
+            "tpot_ms": min(tpots) if tpots else None,
+            "samples": len(points),
+            "tokens_per_s_worst": min(p.tokens_per_s for p in points),
+            "tpot_ms_worst": max(tpots) if tpots else None,
+        }
+    )

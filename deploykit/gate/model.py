@@ -33,6 +33,11 @@ class LoadPoint(_Strict):
         "sample (`server`), else the median of the client's per-request TPOT (`client`)",
     )
     tpot_source: Literal["server", "client"] = "client"
+    samples: int = Field(default=1, description="samples this point is the best of")
+    tokens_per_s_worst: float | None = Field(
+        default=None, description="the lowest throughput of those samples"
+    )
+    tpot_ms_worst: float | None = Field(default=None, description="the highest TPOT of those samples")
     ttft_ms: float | None = Field(default=None, description="median time to the first token")
     problem: str = Field(default="", description="requests that failed or came back short")
 
@@ -90,12 +95,14 @@ class Drift(_Strict):
 
 
 class SpeedFinding(_Strict):
-    """One figure on both sides; `ratio` is candidate / baseline."""
+    """One figure on both sides (each side's best sample); `ratio` is candidate / baseline. `baseline_worst`:
+    the baseline's worst sample, the noise the candidate must also fall outside of to be slower."""
 
     metric: str = Field(description="`tokens_per_s`, `tpot_ms`, `kv_cache_tokens` or `startup_s`")
     streams: int | None = None
     baseline: float
     candidate: float
+    baseline_worst: float | None = None
     ratio: float
     higher_is_better: bool
     judged: bool = Field(description="false: reported only (start-up time)")
@@ -114,6 +121,11 @@ class GateReport(_Strict):
     )
     drift: Drift | None = None
     fingerprint_tolerance: float | None = None
+    fingerprint_clear: list[int] | None = Field(
+        default=None,
+        description="[clear, all]: the baseline's probe positions that lead by more than the tie margin at "
+        "that tolerance (their ids must match), of all",
+    )
     speed: list[SpeedFinding] = Field(default_factory=list)
     speed_judged: bool = False
     slower_threshold: float

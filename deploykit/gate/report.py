@@ -40,7 +40,11 @@ def render(report: GateReport) -> list[str]:
             f"{d.got_id}; baseline gap {d.baseline_gap}, tolerance {d.tolerance:.3g} ({tie})"
         )
     elif report.fingerprint_tolerance is not None:
-        lines.append(f"  fingerprint: the same within {report.fingerprint_tolerance:.3g} nats")
+        clear = report.fingerprint_clear or [0, 0]
+        lines.append(
+            f"  fingerprint: the same within {report.fingerprint_tolerance:.3g} nats "
+            f"({clear[0]} of {clear[1]} positions at a clear margin)"
+        )
     failed = report.candidate.failed_cases
     lines.append(
         f"  candidate cases: {len(report.candidate.cases) - len(failed)}/{len(report.candidate.cases)} passed"

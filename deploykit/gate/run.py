@@ -32,9 +32,11 @@ if TYPE_CHECKING:
     from deploykit.results.record import ResultRecord
     from deploykit.results.store import Store
 
-LOAD_ROUNDS = 3
+LOAD_ROUNDS = 4
 """Each stream count is sampled this many times per side (alternating sides when both are live); the best
-is kept (`load_sample.best`)."""
+and the worst are kept (`load_sample.best`). A candidate is slower only outside the baseline's spread: with
+the sides alternating, noise alone puts all four of one side's samples below all four of the other's once in
+C(8, 4) = 70 comparisons, before the threshold."""
 
 
 class GateOptions(BaseModel):
@@ -65,8 +67,8 @@ def check_options(options: GateOptions) -> None:
         raise UsageError(
             "gate: give the candidate: --url URL (a running server) or --launch (deploykit starts it)"
         )
-    if not options.launch and (options.candidate_profile or options.candidate_python):
-        raise UsageError("gate: --candidate-profile and --candidate-python describe a candidate to --launch")
+    if not options.launch and options.candidate_python:
+        raise UsageError("gate: --candidate-python is the environment of a candidate to --launch")
     baselines = [options.baseline_url is not None, options.launch_baseline, options.baseline_row is not None]
     if sum(baselines) > 1:
         raise UsageError(
@@ -297,14 +299,15 @@ def _judged(
         for side in launched:
             side.stop()
 
-    drift, tolerance = (None, None)
+    drift, tolerance, clear = None, None, None
     if baseline.fingerprint is not None and candidate.fingerprint is not None:
         drift, tolerance = judge.drift_between(baseline.fingerprint, candidate.fingerprint)
+        clear = judge.clear_positions(baseline.fingerprint, tolerance)
     speed = []
     if options.load and baseline.figures is not None and candidate.figures is not None:
         speed = judge.speed_findings(baseline.figures, candidate.figures, spec.slower_threshold)
-    reason, summary = judge.verdict(baseline, candidate, drift, speed)
-    accepted = reason == "drift" and options.accept_drift and not any(f.judged and f.slower for f in speed)
+    reason, summary = judge.verdict(baseline, candidate, drift, speed, clear)
+    accepted = options.accept_drift and judge.drift_acceptable(reason, candidate, speed)
     if accepted:
         reason, summary = None, f"drift accepted by a person (--accept-drift): {summary}"
     return GateReport(
@@ -317,6 +320,7 @@ def _judged(
         changed=judge.changed_parts(baseline, candidate),
         drift=drift,
         fingerprint_tolerance=tolerance,
+        fingerprint_clear=list(clear) if clear is not None else None,
         speed=speed,
         speed_judged=any(f.judged for f in speed),
         slower_threshold=spec.slower_threshold,

@@ -26,6 +26,11 @@ What it shows:
     host's editable install is not mounted), and `/deploykit/status` lists the planned fix active;
   - the API key arrives from a Secret: `/deploykit/status` answers 401 without it, 200 with it;
   - the canary container's command runs, its verdict file says healthy and its `/healthz` answers 200;
+  - the chart's gate Job (issue 46; `gate.job.enabled`, both URLs the pod's own server): its container's
+    command, as rendered, run in the canary container (the Job's image, user, wheel and Secret variable)
+    with the gate ConfigMap's facts.json placed beside profile.yaml as the Job's projected volume has it:
+    with `gate.load=false`, exit 0, `promote`, the pod's vLLM and fix on both sides, every case passed; with
+    the default values the load sample measured on both sides in the pod (its speed verdict is not asserted);
   - the probes' declared ports and paths answer: the startup probe's `/health` on the http port; the
     liveness exec probe through `podman healthcheck run`; the readiness exec probe run as declared in the
     vLLM container (podman 4.3 ignores readiness probes);
@@ -48,6 +53,7 @@ import base64
 import copy
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -66,6 +72,7 @@ from tests.e2e.pod_runtime import (
     add_host_mounts,
     add_service_links,
     dump_kube_yaml,
+    expand_env_references,
     pod_spec_of,
     replace_images,
     set_restart_policy,
@@ -121,6 +128,10 @@ class ChartPod:
         self.vllm = next(name for name in pod.containers if name.endswith("-vllm"))
         self.canary = next(name for name in pod.containers if name.endswith("-canary"))
         self.deployment: dict[str, Any] = {}
+        # The chart the fixture rendered and the values it templated it with (`--set` pairs), so a test can
+        # template more of the same release (the gate Job).
+        self.chart = Path()
+        self.helm_sets: list[str] = []
 
     @property
     def base_url(self) -> str:
@@ -207,10 +218,10 @@ def chart_pod(
     for path in [model_dir.parent, model_dir, *model_dir.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)
     chart = render_chart(tmp, model_dir, port)
+    helm_sets = ["--set", f"canary.port={canary_port}", "--set", "canary.every=5",
+                 "--set", f"canary.verdictMaxAgeSeconds={VERDICT_MAX_AGE_S}"]  # fmt: skip
     rendered = subprocess.run(
-        [find_helm(), "template", RELEASE, str(chart),
-         "--set", f"canary.port={canary_port}", "--set", "canary.every=5",
-         "--set", f"canary.verdictMaxAgeSeconds={VERDICT_MAX_AGE_S}"],
+        [find_helm(), "template", RELEASE, str(chart), *helm_sets],
         capture_output=True, text=True, check=True, timeout=120,
     ).stdout  # fmt: skip
     docs = [d for d in yaml.safe_load_all(rendered) if d]
@@ -250,6 +261,7 @@ def chart_pod(
     (pod,) = pod_runtime.play(yaml_text, extra_args=["--network", "none"], timeout=180)
     running = ChartPod(pod_runtime, pod, port, canary_port, key)
     running.deployment = deployment
+    running.chart, running.helm_sets = chart, helm_sets
     # podman creates an emptyDir as root, mode 0755; kubelet creates every emptyDir world-writable (0777),
     # which is what lets the canary (user 65534) write its verdict there. Done here as kubelet does.
     running.verdict_source().chmod(0o777)
@@ -346,6 +358,184 @@ def test_the_canary_runs_and_writes_its_verdict(chart_pod: ChartPod) -> None:
     assert chart_pod.get(f"http://127.0.0.1:{chart_pod.canary_port}/healthz")[0] == 200
     assert chart_pod.runtime.healthcheck_run(chart_pod.vllm) == 0
     assert chart_pod.probe("readiness") == 0
+
+
+GATE_TIMEOUT_S = 600.0
+
+
+def render_gate_job(chart_pod: ChartPod, *, load: bool) -> tuple[dict[str, Any], dict[str, dict[str, str]]]:
+    """The gate Job's PodSpec (after the kubelet's `$(NAME)` expansion, which changes nothing here) and every
+    ConfigMap's data, templated from the chart the pod was played from with the fixture's values and the
+    gate's: the Job on, `gate.candidateUrl` and `gate.baselineUrl` both the pod's own server (values, not
+    substitutions), `gate.load`."""
+    url = chart_pod.base_url
+    rendered = subprocess.run(
+        [find_helm(), "template", RELEASE, str(chart_pod.chart), *chart_pod.helm_sets,
+         "--set", "gate.job.enabled=true", "--set", f"gate.candidateUrl={url}",
+         "--set", f"gate.baselineUrl={url}", "--set", f"gate.load={str(load).lower()}"],
+        capture_output=True, text=True, check=True, timeout=120,
+    ).stdout  # fmt: skip
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    (job,) = [d for d in docs if d["kind"] == "Job"]
+    configmaps = {d["metadata"]["name"]: d.get("data") or {} for d in docs if d["kind"] == "ConfigMap"}
+    return expand_env_references(copy.deepcopy(pod_spec_of(job))), configmaps
+
+
+def gate_command(chart_pod: ChartPod, job_spec: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+    """The Job's container's command + args as rendered, and its literal environment; checked to be what the
+    values said, and the played canary container checked to be the Job's container in all the command sees."""
+    (gate,) = job_spec["containers"]
+    argv = [*gate["command"], *gate.get("args", [])]
+    url = chart_pod.base_url
+    assert argv[:4] == ["python3", "-m", "deploykit", "gate"], argv
+    assert argv[argv.index("--url") + 1] == url and argv[argv.index("--baseline-url") + 1] == url
+    assert argv[argv.index("--api-key-env") + 1] == KEY_ENV
+    assert argv[argv.index("--profile") + 1] == "/etc/deploykit/profile.yaml"
+    assert argv[argv.index("--facts") + 1] == "/etc/deploykit/facts.json"
+    assert "--no-store" in argv and argv[-2:] == ["--format", "json"]  # no gate.store.secretName
+    canary = chart_pod.container_spec("canary")
+    pod_spec = pod_spec_of(chart_pod.deployment)
+    assert gate["image"] == canary["image"]
+    assert gate["securityContext"] == canary["securityContext"]
+    assert job_spec["securityContext"] == pod_spec["securityContext"]
+    job_volumes = {v["name"]: v for v in job_spec["volumes"]}
+    pod_volumes = {v["name"]: v for v in pod_spec["volumes"]}
+    job_mounts = {m["mountPath"]: job_volumes[m["name"]] for m in gate["volumeMounts"]}
+    pod_mounts = {m["mountPath"]: pod_volumes[m["name"]] for m in canary["volumeMounts"]}
+    assert set(job_mounts) == {"/etc/deploykit", "/scratch", "/opt/deploykit"}, job_mounts
+    assert job_mounts["/opt/deploykit"]["configMap"] == pod_mounts["/opt/deploykit"]["configMap"]
+    assert "emptyDir" in job_mounts["/scratch"] and "emptyDir" in pod_mounts["/scratch"]
+    projected = [s["configMap"]["name"] for s in job_mounts["/etc/deploykit"]["projected"]["sources"]]
+    assert projected == [f"{RELEASE}-profile", f"{RELEASE}-gate"], projected
+    assert pod_mounts["/etc/deploykit"]["configMap"]["name"] == f"{RELEASE}-profile"
+    literal_env: dict[str, str] = {}
+    canary_env = {e["name"]: e for e in canary["env"]}
+    for entry in gate["env"]:
+        if "value" in entry:
+            literal_env[entry["name"]] = entry["value"]
+        else:  # from the Secret: the canary container has the same variable from the same key
+            reference = entry["valueFrom"]["secretKeyRef"]
+            assert reference == canary_env[entry["name"]]["valueFrom"]["secretKeyRef"], entry
+    assert literal_env["PYTHONPATH"] == canary_env["PYTHONPATH"]["value"]
+    return argv, literal_env
+
+
+def run_gate_command(chart_pod: ChartPod, argv: list[str], env: dict[str, str]) -> tuple[int, dict[str, Any]]:
+    """The command run in the canary container, the Job's literal environment given to `podman exec`; its
+    exit status and JSON report. The API key appears in neither stream."""
+    exec_env = [f"--env={name}={value}" for name, value in env.items()]
+    started = time.monotonic()
+    done = chart_pod.runtime.podman(
+        "exec", *exec_env, chart_pod.canary, *argv, check=False, timeout=GATE_TIMEOUT_S
+    )
+    took = time.monotonic() - started
+    print(f"\npod: the gate Job's command, exit {done.returncode} in {took:.0f} s: {shlex.join(argv)}")
+    print(done.stderr[-3000:])
+    assert chart_pod.key not in done.stdout and chart_pod.key not in done.stderr
+    assert done.returncode in (0, 6), f"exit {done.returncode}\n{done.stderr[-4000:]}\n{done.stdout[-4000:]}"
+    report: dict[str, Any] = json.loads(done.stdout)
+    label = report["verdict"] + (f": {report['reason']}" if report["reason"] else "")
+    print(f"pod: gate {label}: {report['summary']}")
+    for role in ("baseline", "candidate"):
+        figures = report[role]["figures"]
+        shown = [f"KV cache {figures['kv_cache_tokens']} tokens"] + [
+            f"{p['streams']} stream(s) {p['tokens_per_s']:g} tok/s, TPOT {p['tpot_ms']} ms "
+            f"({p['tpot_source']})"
+            for p in figures["load"]
+        ]
+        print(f"pod: {role}: " + "; ".join(shown))
+    return done.returncode, report
+
+
+def assert_answers_promote(chart_pod: ChartPod, report: dict[str, Any]) -> None:
+    """Both sides are the pod's server answering as it does: its vLLM, its fix, all cases passed, no drift."""
+    url = chart_pod.base_url
+    status, body = chart_pod.get(url + "/version", auth=True)
+    assert status == 200, body
+    pod_vllm = json.loads(body)["version"]
+    assert report["drift"] is None and report["changed"] == {} and report["row_id"] is None, report
+    for role in ("baseline", "candidate"):
+        side = report[role]
+        assert side["source"] == "url" and side["url"] == url and side["problem"] == "", side
+        assert side["vllm_version"] == pod_vllm
+        assert str(side["fixes_active"].get(FIX)).startswith("vllm."), side["fixes_active"]
+        assert side["cases"] and all(case["passed"] for case in side["cases"]), side["cases"]
+        assert side["figures"]["kv_cache_tokens"] > 0  # vLLM's /metrics, read in the pod
+
+
+def test_the_gate_jobs_command_runs_in_the_pod_and_promotes_the_server_against_itself(
+    chart_pod: ChartPod,
+) -> None:
+    """Issue 46: the chart's gate Job (`gate.job.enabled=true`), templated from the chart the pod was played
+    from, its container's command run for real against the played vLLM, the server judged against itself.
+
+    The command runs exactly as rendered in the played canary container: the Job's own container in all but
+    name (the same image, pod and container security context: user 65534, read-only root; the same wheel
+    ConfigMap at /opt/deploykit on PYTHONPATH; an emptyDir at /scratch; the API key variable from the same
+    Secret). The Job's literal environment is given to `podman exec --env` (the canary's lacks TMPDIR); its
+    Secret variable is the container's own. The Job's /etc/deploykit projects the `<release>-profile` and
+    `<release>-gate` ConfigMaps side by side; the canary's /etc/deploykit is the first of them (checked
+    identical), and the second's files (facts.json) are written into that volume, as the projection places
+    them, then removed. What stays different: the canary's memory limit (512 Mi, the Job's 2 Gi), and no
+    wait-for-servers init container (the fixture waited for /health).
+
+    Two runs. `gate.load=false` (`--no-load`): the answers, the fix check, the fingerprints and the KV cache,
+    exact on both sides: exit 0, `promote`. The default values (the load sample): it runs in the pod, every
+    stream count measured on both sides; its verdict is `promote` or `hold: slower`, never anything else.
+    A server judged against itself held slower in 2 of 20 runs on this loaded 2-core machine (tokens/s at 4
+    streams × 0.72 once, TPOT at 4 streams × 1.43 once; with the canary's child frozen or not): the sample's
+    requests last well under a second each on the tiny model, and best of 3 does not hold them within the
+    25 % threshold here. A speed verdict is no fact of the command, so the strict run is the `--no-load` one.
+    """
+    from deploykit.profile.schema import GateSpec
+
+    answers_spec, configmaps = render_gate_job(chart_pod, load=False)
+    load_spec, load_configmaps = render_gate_job(chart_pod, load=True)
+    assert load_configmaps == configmaps
+    answers_argv, env = gate_command(chart_pod, answers_spec)
+    load_argv, load_env = gate_command(chart_pod, load_spec)
+    assert load_env == env and "--no-load" not in load_argv
+    assert answers_argv == [*load_argv[:-3], "--no-load", *load_argv[-3:]]  # what gate.load=false changes
+
+    # /etc/deploykit as the Job's projected volume has it: profile.yaml (the canary's, the same ConfigMap) and
+    # the gate ConfigMap's facts.json beside it.
+    config_dir = chart_pod.volume_source(chart_pod.canary, "/etc/deploykit")
+    profile_map = configmaps[f"{RELEASE}-profile"]
+    assert {name: (config_dir / name).read_text() for name in profile_map} == profile_map
+    placed = []
+    for name, text in configmaps[f"{RELEASE}-gate"].items():
+        assert not (config_dir / name).exists(), name
+        (config_dir / name).write_text(text)
+        (config_dir / name).chmod(0o644)
+        placed.append(config_dir / name)
+    assert sorted(p.name for p in config_dir.iterdir()) == ["facts.json", "profile.yaml"]
+    # kubelet makes an emptyDir world-writable; podman 4.3 makes it root's 0755 (HOME and TMPDIR are there).
+    chart_pod.volume_source(chart_pod.canary, "/scratch").chmod(0o777)
+    try:
+        answers_exit, answers = run_gate_command(chart_pod, answers_argv, env)
+        load_exit, loaded = run_gate_command(chart_pod, load_argv, env)
+    finally:
+        for path in placed:
+            path.unlink()
+
+    assert answers_exit == 0 and answers["verdict"] == "promote" and answers["reason"] is None, answers
+    assert_answers_promote(chart_pod, answers)
+    assert answers["speed_judged"] is False
+    assert answers["baseline"]["figures"]["load"] == answers["candidate"]["figures"]["load"] == []
+
+    assert_answers_promote(chart_pod, loaded)
+    expected = GateSpec.model_validate(yaml.safe_load(profile_map["profile.yaml"]).get("gate") or {}).streams
+    for role in ("baseline", "candidate"):
+        load = loaded[role]["figures"]["load"]
+        assert [p["streams"] for p in load] == expected, load
+        assert all(p["tokens_per_s"] > 0 and p["output_tokens"] > 0 for p in load), load
+        assert all(p["problem"] == "" for p in load), load
+    assert loaded["speed_judged"] is True
+    slower = [f for f in loaded["speed"] if f["slower"]]
+    if load_exit == 0:
+        assert loaded["verdict"] == "promote" and loaded["reason"] is None and not slower, loaded
+    else:  # noise on this machine, never a broken side or drift (see the docstring)
+        assert (loaded["verdict"], loaded["reason"]) == ("hold", "slower") and slower, loaded
 
 
 def write_verdict(directory: Path, status: str, mtime: float | None = None) -> None:

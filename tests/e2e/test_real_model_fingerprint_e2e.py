@@ -9,14 +9,20 @@ noise measured); the canary, keyed as `deploykit canary --profile` keys it, matc
 starts, the canary's next run fails on the fingerprint alone (its completion case passes: finite, ordinary
 words), naming the probe, the position, the ids and a baseline gap far above the near-tie margin.
 
+The upgrade gate (docs/gate.md) judges the same server against the same stored baseline, as a candidate:
+`promote` before the drift, `hold: drift` after it, at the same clear margin.
+
 The drift is permanent for that vLLM: this test runs after every other test of the session
 (`drifts_real_model`, ordered last by tests/e2e/conftest.py).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import socket
+import subprocess
+from typing import Any
 
 import httpx
 import pytest
@@ -31,6 +37,7 @@ from deploykit.results.sql.store import open_store
 from deploykit.smoke.fingerprint import tie_margin
 from tests.e2e.drift_worker import FAULT_KEY, MARKER
 from tests.e2e.real_model import RealModelServer
+from tests.serve_helpers import deploykit_executable
 
 pytestmark = [pytest.mark.e2e, pytest.mark.drifts_real_model]
 
@@ -46,6 +53,17 @@ def drift_now(server: RealModelServer) -> None:
     }
     with httpx.Client(base_url=server.base_url, timeout=TIMEOUT_S) as client:
         assert client.post("/v1/completions", json=trigger).status_code == 200
+
+
+def gate(server: RealModelServer) -> tuple[int, dict[str, Any]]:
+    """`deploykit gate` with the server as the candidate and its key's stored baseline (serve's)."""
+    args = ["gate", "--profile", str(server.profile_path), "--url", server.base_url]
+    args += ["--store", server.store_url, "--no-load", "--format", "json"]
+    done = subprocess.run(
+        [deploykit_executable(), *args], env=server.env, capture_output=True, text=True, timeout=TIMEOUT_S
+    )
+    assert done.stdout.startswith("{"), done.stderr[-3000:]
+    return done.returncode, json.loads(done.stdout)
 
 
 def test_finite_drift_on_the_real_model_fails_the_canarys_fingerprint(
@@ -76,7 +94,16 @@ def test_finite_drift_on_the_real_model_fails_the_canarys_fingerprint(
     assert healthy.outcome == "pass", healthy.report.diagnosis
     assert f"matches baseline #{baseline.id}: row #{baseline.result_id}" in healthy.report.cases[-1].text
 
+    code, report = gate(server)
+    assert (code, report["verdict"]) == (0, "promote"), report["summary"]
+    assert report["baseline"]["source"].startswith(f"stored baseline #{baseline.id} ")
+
     drift_now(server)
+    code, report = gate(server)
+    assert (code, report["verdict"], report["reason"]) == (6, "hold", "drift"), report["summary"]
+    drift = report["drift"]
+    assert drift["got_id"] != drift["expected_id"] and not drift["near_tie"]
+    assert drift["baseline_gap"] > 100 * tie_margin(baseline.fingerprint.tolerance), drift
     caught = canary.run_once()
     assert caught.outcome == "wrong", caught.report.diagnosis
     failed = [c.name for c in caught.report.cases if not c.passed]

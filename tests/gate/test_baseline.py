@@ -139,3 +139,15 @@ def test_an_adopted_gate_row_brings_its_figures_and_a_named_row_is_a_rollback(st
     assert by_row.source == f"stored row #{report.row_id}"
     with pytest.raises(UsageError, match="no readable row"):
         stored_side(store, KEY, PARTS, 999_999)
+
+
+def test_a_gate_row_keeps_the_gates_verdict_and_carries_the_stores_own_comparison(store: SqlStore) -> None:
+    founded(store)  # the key's baseline answers 5, 6, 7
+    record, _ = gate_record()
+    assert record.fingerprint is not None
+    record.fingerprint.answers[0].ids[0] = 9  # the candidate differs (a drift a person accepted)
+    row = store.get(store.add(record))
+    assert row is not None and row.verdict == "pass"  # a serve row would be stored `fail` (the replay rule)
+    assert row.fingerprint is not None and row.fingerprint.comparison is not None
+    assert row.fingerprint.comparison.verdict in ("mismatch", "disputed")
+    assert store.active_baseline(KEY).result_id != row.id  # type: ignore[union-attr]

@@ -120,6 +120,7 @@ def test_the_best_of_repeated_samples_takes_each_figure_at_its_best_and_keeps_a_
     fast = LoadPoint(streams=4, requests=8, output_tokens=800, wall_s=1, tokens_per_s=800, tpot_ms=6.0)
     best = load_sample.best([slow, fast])
     assert (best.tokens_per_s, best.tpot_ms) == (800, 3.0)
+    assert (best.samples, best.tokens_per_s_worst, best.tpot_ms_worst) == (2, 400, 6.0)
     failed = fast.model_copy(update={"problem": "1 of 8 load request(s) incomplete: HTTP 500"})
     assert load_sample.best([slow, failed]).problem
 

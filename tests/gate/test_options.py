@@ -22,7 +22,7 @@ URL = "http://127.0.0.1:9"
     [
         ([], "give the candidate: --url URL"),
         (["--url", URL, "--launch"], "give the candidate"),
-        (["--url", URL, "--candidate-profile", "x.yaml"], "describe a candidate to --launch"),
+        (["--url", URL, "--candidate-python", "/usr/bin/python3"], "a candidate to --launch"),
         (["--url", URL, "--baseline-url", URL, "--baseline-row", "3"], "at most one baseline"),
         (["--url", URL, "--baseline-python", "/usr/bin/python3"], "--baseline-python describes a baseline"),
         (["--url", URL, "--no-store"], "without a store the baseline must be a server"),

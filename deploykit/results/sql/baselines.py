@@ -179,7 +179,10 @@ def rejudge(
             case.text = judged.diagnosis[:200] if case.passed else case.text
         else:
             case.passed, case.diagnosis = False, judged.diagnosis
-    if not agrees and record.verdict == "pass":
+    if not agrees and record.verdict == "pass" and record.command != "gate":
+        # A gate's verdict is about its candidate against the baseline it chose (another release's key, or
+        # a drift a person accepted): the store's own comparison stays on the fingerprint, and a gate's row
+        # moves no baseline (`settle_baseline` is never called for it; only `gate --adopt` pins one).
         record.verdict, record.diagnosis = "fail", f"{CASE_NAME}: {judged.diagnosis}"
     return judged
 
