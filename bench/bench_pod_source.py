@@ -62,7 +62,8 @@ def main() -> None:
         "CPU time:\n\n"
         "| what | CPU s per pass | vs the tokenizer |\n|---|---|---|\n"
         f"| Python's tokenizer, comments only (the way before session 11) | {tokenizer_s:.3f} | 1.00 |\n"
-        f"| `pod_source` (one regular expression; comments and every docstring: module, class, function) | {regex_s:.3f} | "
+        "| `pod_source` (one regular expression; comments and every docstring: module, class, function) | "
+        f"{regex_s:.3f} | "
         f"{regex_s / tokenizer_s:.2f} |\n"
         f"| the whole plugin wheel (`build_plugin_wheel`, every `render helm`) | {min(wheel):.3f} | |\n"
     )
