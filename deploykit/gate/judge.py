@@ -210,3 +210,14 @@ def drift_acceptable(reason: Reason | None, candidate: Side, speed: Sequence[Spe
         and not missed_known_answers(candidate)
         and not any(f.judged and f.slower for f in speed)
     )
+
+
+def why_not_acceptable(candidate: Side, speed: Sequence[SpeedFinding]) -> str:
+    """What keeps a person's `--accept-drift` from adopting a drifted candidate, in one clause."""
+    missed = missed_known_answers(candidate)
+    if missed:
+        return f"it misses a known answer ({missed[0].name}), which must hold whoever accepts"
+    slower = [f for f in speed if f.judged and f.slower]
+    if slower:
+        return "it is also slower: " + "; ".join(describe_finding(f) for f in slower)
+    return "it is not drift of the fingerprint alone"

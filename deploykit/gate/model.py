@@ -130,8 +130,12 @@ class GateReport(_Strict):
     speed_judged: bool = False
     slower_threshold: float
     accepted_drift: bool = False
-    adopted_baseline: int | None = None
-    row_id: int | None = None
+    adopted_baseline: int | None = Field(
+        default=None,
+        description="the baseline `--adopt` made of this row (the printed report; the stored copy is written "
+        "before the adoption, so it says None there: the baselines table names the row)",
+    )
+    row_id: int | None = Field(default=None, description="this gate's row (the printed report only)")
     elapsed_s: float = 0.0
 
     @property

@@ -308,6 +308,8 @@ def _judged(
         speed = judge.speed_findings(baseline.figures, candidate.figures, spec.slower_threshold)
     reason, summary = judge.verdict(baseline, candidate, drift, speed, clear)
     accepted = options.accept_drift and judge.drift_acceptable(reason, candidate, speed)
+    if options.accept_drift and reason == "drift" and not accepted:
+        summary += "; --accept-drift cannot adopt it: " + judge.why_not_acceptable(candidate, speed)
     if accepted:
         reason, summary = None, f"drift accepted by a person (--accept-drift): {summary}"
     return GateReport(

@@ -9,7 +9,7 @@ here, against ~50 s each one after another, while other work shared the 2 cores:
 
 In order (a module runs on one worker, `--dist loadfile`; later tests read what earlier ones stored):
   1. A against itself: promote, its row stored and adopted as its key's (pinned) baseline;
-  2. B against A: hold: slower (throughput at 4 streams);
+  2. B against A: hold: slower (throughput at 8 streams);
   3. C against A: what a dtype change shows (verdict, known answer, drift);
   4. a candidate the gate launches itself against the stored (adopted) baseline: promote;
   5. A drifted for good against the stored baseline: hold: drift (the fingerprint and the known answer);
@@ -42,9 +42,14 @@ from tests.e2e.test_fingerprint_e2e import deploykit, drift_now, env_for, said
 from tests.e2e.test_serve_e2e import START_TIMEOUT_S, demo_variant
 from tests.vllm_harness import REPO, RunningServer, tiny_serve_args
 
-pytestmark = pytest.mark.e2e
+# One at a time (`make test`'s last part): the slower verdict rests on the servers' own spread, and a
+# neighbour's vLLM on the other core widened A's spread until one-stream-at-a-time B fell inside it (seen
+# once in seven runs beside another e2e module).
+pytestmark = [pytest.mark.e2e, pytest.mark.runs_alone]
 
-STREAMS = [1, 4]
+STREAMS = [1, 8]
+BUSY = STREAMS[-1]
+"""Where B's one sequence at a time shows: 8 streams widen the gap over A's batching (× 0.25-0.44 at 4)."""
 # Not the default 0.25: this machine is noisy. A server compared with itself was measured up to 1.37× apart
 # at 1 stream while other work shared the 2 cores (and 0.58–1.57× at 4 streams with a load average of 15);
 # 0.5 still holds a candidate that serves one stream at a time.
@@ -211,7 +216,7 @@ def test_a_server_judged_against_itself_is_promoted_and_adopted(gate_module: Gat
     show_figures(report)
     assert report.verdict == "promote" and report.reason is None, report.summary
     assert report.drift is None and report.speed_judged, report.summary
-    at_4 = throughput(report, 4)
+    at_4 = throughput(report, BUSY)
     assert at_4 is not None and at_4.judged and not at_4.slower, report.speed
     assert [c.name for c in report.candidate.cases if not c.passed] == []
     assert KNOWN_ANSWER_PREFIX + KNOWN_NAME in [c.name for c in report.candidate.cases]
@@ -243,9 +248,9 @@ def test_max_num_seqs_1_holds_slower(gate_module: GateModule, server_b: RunningS
     assert report.verdict == "hold" and report.reason == "slower", report.summary
     assert report.drift is None, report.drift
     slower = [f for f in report.speed if f.judged and f.slower]
-    at_4 = [f for f in slower if f.metric == "tokens_per_s" and f.streams == 4]
+    at_4 = [f for f in slower if f.metric == "tokens_per_s" and f.streams == BUSY]
     assert at_4 and at_4[0].ratio < SLOWER_THRESHOLD, slower
-    assert "tokens_per_s at 4 stream(s)" in report.summary, report.summary
+    assert f"tokens_per_s at {BUSY} stream(s)" in report.summary, report.summary
     assert run.result.returncode == exit_codes.HOLD
 
 

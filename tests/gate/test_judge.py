@@ -10,6 +10,7 @@ from deploykit.gate.judge import (
     drift_between,
     speed_findings,
     verdict,
+    why_not_acceptable,
 )
 from deploykit.gate.run import release_part
 from deploykit.smoke.fingerprint import tie_margin
@@ -201,3 +202,5 @@ def test_a_person_may_accept_fingerprint_drift_but_never_a_missed_known_answer_o
     (_, _), _, speed = judged(side("baseline"), side(load=[point(1, 300), point(4, 100)]))
     assert not drift_acceptable("drift", drifted, speed)
     assert not drift_acceptable("broken", drifted, []) and not drift_acceptable(None, drifted, [])
+    assert why_not_acceptable(missed, []).startswith("it misses a known answer (known:capital)")
+    assert why_not_acceptable(drifted, speed).startswith("it is also slower: tokens_per_s at 4 stream(s)")
