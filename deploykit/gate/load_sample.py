@@ -118,22 +118,29 @@ def stream_once(endpoint: Endpoint, body: dict[str, object]) -> StreamedAnswer:
     return answer
 
 
-def inter_token_totals(endpoint: Endpoint) -> tuple[float, float] | None:
-    """vLLM's inter-token latency histogram, sum and count over every engine: the server's own time per
-    output token, which a client's clock cannot give on a busy machine (its threads read several chunks at
-    once). None when the page cannot be read or has no such histogram."""
-    from deploykit.canary.nan_counter import parse_sample
-
+def metrics_text(endpoint: Endpoint) -> str | None:
+    """The server's /metrics page, one bounded read (the endpoint's metrics deadline, the metrics cap); None
+    when it cannot be read."""
     reply = fetch(
         endpoint.at("/metrics"),
         deadline_s=endpoint.metrics_deadline_s,
         max_bytes=METRICS_CAP_BYTES,
         headers=endpoint.headers(),
     )
-    if not reply.ok or reply.status != 200:
+    return reply.text if reply.ok and reply.status == 200 else None
+
+
+def inter_token_totals(endpoint: Endpoint) -> tuple[float, float] | None:
+    """vLLM's inter-token latency histogram, sum and count over every engine: the server's own time per
+    output token, which a client's clock cannot give on a busy machine (its threads read several chunks at
+    once). None when the page cannot be read or has no such histogram."""
+    from deploykit.canary.nan_counter import parse_sample
+
+    page = metrics_text(endpoint)
+    if page is None:
         return None
     total, count, seen = 0.0, 0.0, False
-    for line in reply.text.splitlines():
+    for line in page.splitlines():
         if not line.startswith(_ITL):
             continue
         found = parse_sample(line)

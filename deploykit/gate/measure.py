@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from deploykit.endpoint import Endpoint
 from deploykit.gate import load_sample
 from deploykit.gate.model import Figures, LoadPoint, Role, Side
-from deploykit.http_bounded import HEALTH_CAP_BYTES, METRICS_CAP_BYTES, fetch
+from deploykit.http_bounded import HEALTH_CAP_BYTES, fetch
 
 if TYPE_CHECKING:
     from deploykit.plan import Plan
@@ -45,15 +45,10 @@ def kv_cache_tokens(endpoint: Endpoint) -> int | None:
     the engine has, the capacity an upgrade must not shrink unnoticed. None when the page does not say."""
     from deploykit.canary.nan_counter import parse_sample
 
-    reply = fetch(
-        endpoint.at("/metrics"),
-        deadline_s=endpoint.metrics_deadline_s,
-        max_bytes=METRICS_CAP_BYTES,
-        headers=endpoint.headers(),
-    )
-    if not reply.ok or reply.status != 200:
+    page = load_sample.metrics_text(endpoint)
+    if page is None:
         return None
-    for line in reply.text.splitlines():
+    for line in page.splitlines():
         if not line.startswith(_CACHE_INFO):
             continue
         sample = parse_sample(line)
