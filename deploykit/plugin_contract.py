@@ -21,6 +21,10 @@ ENTRY_POINT = "deploykit.vllm_plugin.entry:register"
 """The value of deploykit's entry point (pyproject.toml); the wheel a chart carries and a host's vLLM
 environment are checked for it."""
 
+PLUGINS_ENV = "VLLM_PLUGINS"
+"""vLLM's own list of the plugins it loads, when set: one that leaves ENTRY_POINT_NAME out runs no fix (a
+profile's env is checked for it; the release report checks vLLM still reads it)."""
+
 # --- the fixes ---------------------------------------------------------------------------------------------
 
 FIXES_ENV = "DEPLOYKIT_FIXES"

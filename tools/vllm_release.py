@@ -10,9 +10,14 @@
    no engine config is built, so 0.34's "no active Triton driver" refusal on an x86 CPU never applies);
 4. writes the report docs/vllm-releases/vllm-X.md against the newest release before it: each fix's target
    (present, changed with the diff of its source, or gone), the variables deploykit writes that X no longer
-   defines, the metrics the canary reads that X no longer exports, options added and removed, advisories
-   whose fixed-in version X reaches; and prints it;
-5. runs the tier (tests/vllm_releases) over X's sources and prints its one-line outcome.
+   defines, the metrics the canary reads that X no longer exports, the FlashInfer its wheel pins, options
+   added and removed, advisories whose fixed-in version X reaches; and prints it;
+5. runs the tier (tests/vllm_releases, as tools/vllm_tier.py describes it) over X's sources and prints its
+   one-line outcome.
+
+What the report judges is read from its owners: each fix's TARGET_SOURCES from its module (through the
+registry, deploykit.fixes), the variables deploykit writes from the plan and the plugin contract. Adding a
+fix edits nothing here; nothing here imports tests/ (tests/tools/test_tools_imports.py).
 
 The one hand edit left is the decision to widen TESTED_VLLM (deploykit/vllm_compat.py) and the extras that
 tests/test_vllm_compat.py holds to it; `--widen` makes that edit too. The report and table are reproducible:
@@ -32,38 +37,15 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tools"))
+if str(REPO) not in sys.path:  # run as a script, sys.path[0] is tools/
+    sys.path.insert(0, str(REPO))
 
-import vllm_tables  # noqa: E402  (tools/vllm_tables.py)
+from tools import vllm_tables, vllm_tier  # noqa: E402
 
 PINS = REPO / "tools" / "vllm-wheels.txt"
 FETCH = REPO / "tools" / "fetch-vllm-sources.sh"
 REPORTS = REPO / "docs" / "vllm-releases"
 
-# The source files each fix's target lives in (what "changed" is judged on): read from each fix's
-# target check (deploykit/fixes). `file::Class` narrows a file to the one class the fix patches.
-FIX_SOURCES: dict[str, tuple[str, ...]] = {
-    "fp32_projection": ("vllm/model_executor/models/gemma4_unified.py::Gemma4UnifiedVisionEmbedder",),
-    "matmul_lora": (
-        "vllm/lora/punica_wrapper/punica_base.py",
-        "vllm/lora/punica_wrapper/punica_gpu.py",
-        "vllm/lora/punica_wrapper/punica_cpu.py",
-        "vllm/lora/ops/torch_ops/lora_ops.py",
-        "vllm/lora/ops/triton_ops/lora_expand_op.py",
-        "vllm/lora/ops/triton_ops/lora_shrink_op.py",
-    ),
-    "device_penalties": (
-        "vllm/v1/sample/sampler.py",
-        "vllm/v1/sample/metadata.py",
-        "vllm/v1/sample/ops/penalties.py",
-        "vllm/v1/sample/logits_processor/__init__.py",
-        "vllm/v1/sample/logits_processor/interface.py",
-        "vllm/v1/worker/gpu_input_batch.py",
-    ),
-}
-# What deploykit writes into vLLM's environment (deploykit.plan.build_env, the plugin contract).
-WRITTEN_ENV = ("VLLM_USE_V2_MODEL_RUNNER", "VLLM_COMPUTE_NANS_IN_LOGITS", "VLLM_API_KEY", "VLLM_PLUGINS")
 DIFF_LINES = 60  # per file in the report; the whole diff is `diff -r` of the two cached trees away
 # A release number: ASCII digits only (a Unicode `\d`, like `str.isdigit()`, takes ٣ and ３ too), since it
 # goes into a pip requirement, the pins file and file names.
@@ -72,6 +54,27 @@ RELEASE = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+", re.ASCII)
 
 def _key(release: str) -> tuple[int, ...]:
     return tuple(int(part) for part in release.split("."))
+
+
+def fix_sources() -> dict[str, tuple[str, ...]]:
+    """The source files each registered fix's target lives in (what "changed" is judged on), as its module
+    declares them (TARGET_SOURCES). `file::Class` narrows a file to the one class the fix patches."""
+    from deploykit.fixes import FIX_NAMES, load_fix
+
+    return {name: tuple(load_fix(name).TARGET_SOURCES) for name in FIX_NAMES}
+
+
+def written_env() -> tuple[str, ...]:
+    """vLLM's variables deploykit's plan writes (deploykit.plan.launch.build_env) or relies on (the plugin
+    contract: vLLM loads deploykit's plugin unless VLLM_PLUGINS leaves it out), each read from its owner."""
+    from deploykit.plan.launch import NAN_COUNTER_ENV, USAGE_STATS_OPT_OUT
+    from deploykit.plugin_contract import PLUGINS_ENV
+    from deploykit.vllm_compat import RUNNER_ENV
+    from deploykit.vllm_plugin.status_route import API_KEY_ENV
+
+    # Of the usage-stats opt-out, vLLM's own variable (DO_NOT_TRACK is read by vLLM, defined by none).
+    opt_out = tuple(name for name in USAGE_STATS_OPT_OUT if name.startswith("VLLM_"))
+    return (RUNNER_ENV, NAN_COUNTER_ENV, API_KEY_ENV, PLUGINS_ENV, *opt_out)
 
 
 # --- 1. the wheel and its pin --------------------------------------------------------------------------
@@ -119,11 +122,12 @@ def fetch_and_pin(version: str, cache: Path) -> str:
 # --- 3. the table --------------------------------------------------------------------------------------
 
 
-def write_table(version: str, cache: Path) -> Path:
+def write_table(version: str, cache: Path, tables: Path = vllm_tables.TABLES) -> Path:
+    """deploykit/vllm_tables/vllm-X.json (or the same file in `tables`), from X's own code."""
     from deploykit.vllm_tables import file_name
 
     text = vllm_tables.rendered(vllm_tables.read_release(version, cache))
-    path = vllm_tables.TABLES / file_name(version)
+    path = tables / file_name(version)
     path.write_text(text, encoding="utf-8")
     return path
 
@@ -136,9 +140,7 @@ def release_tree(release: str, cache: Path) -> Path | None:
     tree = cache / f"vllm-{release}"
     if (tree / "vllm" / "__init__.py").is_file():
         return tree
-    from tests.vllm_releases.releases import importable_release, vllm_root
-
-    return vllm_root() if importable_release() == release else None
+    return vllm_tables.vllm_root() if vllm_tables.installed_release() == release else None
 
 
 def target_source(tree: Path, target: str) -> str | None:
@@ -161,7 +163,7 @@ def target_source(tree: Path, target: str) -> str | None:
 
 def fix_target_rows(previous: Path | None, new: Path) -> list[str]:
     rows = []
-    for name, targets in FIX_SOURCES.items():
+    for name, targets in fix_sources().items():
         now = {t: target_source(new, t) for t in targets}
         gone = [t for t, text in now.items() if text is None]
         if len(gone) == len(targets):
@@ -191,7 +193,7 @@ def fix_target_rows(previous: Path | None, new: Path) -> list[str]:
 def env_rows(data: dict[str, Any], new: Path) -> list[str]:
     names = set(data["env_vars"])
     rows = []
-    for name in WRITTEN_ENV:
+    for name in written_env():
         if name in names:
             continue
         still = sorted(
@@ -217,6 +219,17 @@ def metric_rows(new: Path) -> list[str]:
     if where:
         return [f"- none: `{NAN_COUNTER}` is still exported ({', '.join(where)})"]
     return [f"- `{NAN_COUNTER}`: no longer named anywhere in its sources"]
+
+
+def flashinfer_rows(previous: dict[str, Any] | None, data: dict[str, Any]) -> list[str]:
+    """The FlashInfer the wheel pins (its METADATA), against the release before it."""
+    pin, before = data["flashinfer_pin"], None if previous is None else previous["flashinfer_pin"]
+    said = "none pinned" if pin is None else f"`flashinfer-python=={pin}`"
+    if previous is None:
+        return [f"- {said}"]
+    if pin == before:
+        return [f"- {said}, as before"]
+    return [f"- {said} (was {'none pinned' if before is None else before})"]
 
 
 def option_rows(previous: dict[str, Any] | None, data: dict[str, Any]) -> list[str]:
@@ -264,6 +277,7 @@ def report(release: str, cache: Path) -> str:
         (f"Fix targets (against {previous_release})", fix_target_rows(old_tree, new_tree)),
         ("Environment variables deploykit writes that it no longer defines", env_rows(data, new_tree)),
         ("Metrics the canary reads that it no longer exports", metric_rows(new_tree)),
+        (f"FlashInfer its wheel pins (against {previous_release})", flashinfer_rows(previous, data)),
         (f"`vllm serve` options (against {previous_release})", option_rows(previous, data)),
         ("Advisories whose fixed-in version it reaches", advisory_rows(previous_release, release)),
     ]
@@ -288,16 +302,9 @@ def vllm_tables_releases() -> list[str]:
 
 
 def run_tier(release: str, cache: Path) -> str:
-    from tests.vllm_releases.releases import CHILD_ENV, CHILD_PLUGIN
-    from tests.vllm_releases.test_every_release import MODULES
-    from tests.vllm_releases.test_release_checks import EXPECT_ENV
-
-    env = vllm_tables.release_env(release, cache)
-    env.update({CHILD_ENV: "1", EXPECT_ENV: release, "PYTHONWARNINGS": "ignore"})
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", CHILD_PLUGIN,
-         "-m", "not e2e", *MODULES],
-        cwd=REPO, env=env, capture_output=True, text=True, check=False,
+        vllm_tier.child_argv(), cwd=REPO, env=vllm_tier.child_env(release, cache),
+        capture_output=True, text=True, check=False,
     )  # fmt: skip
     lines = done.stdout.strip().splitlines()
     failures = [line for line in lines if line.startswith(("FAILED", "ERROR"))]

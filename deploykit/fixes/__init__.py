@@ -1,8 +1,9 @@
 """The fix registry: one line per fix, below. `plan` reads the decision rules, the trace report the
 suggestions, the vLLM plugin applies the patches; the profile's `fixes:` modes (deploykit.profile.schema),
-the owned launch flags, the advisory catalog's entry (deploykit.advisories.catalog), `deploykit fixes` and
-the index in docs/fixes.md (tools/fixes_index.py) are all derived from it. None of them names a fix, so a
-new fix is one module and one line here (tests/fixes/test_registry.py adds a throw-away one to show it).
+the owned launch flags, the advisory catalog's entry (deploykit.advisories.catalog), `deploykit fixes`, the
+index in docs/fixes.md (tools/fixes_index.py) and the fix targets of `make vllm-release`'s report
+(tools/vllm_release.py) are all derived from it. None of them names a fix, so a new fix is one module and
+one line here (tests/fixes/test_registry.py adds a throw-away one to show it).
 
 Each fix is one module exposing (the `Fix` protocol in base.py, which mypy checks through the module's
 last lines):
@@ -10,6 +11,9 @@ last lines):
     SUMMARY: str              one line for people
     PATCHES: str              what in vLLM it changes
     LAUNCH_FLAGS: tuple[str, ...]                  the `vllm serve` flags launch_args may add
+    TARGET_SOURCES: tuple[str, ...]                the vLLM files its target lives in (`file::Class`: one
+                                                   class of it), relative to the folder holding `vllm/`:
+                                                   what `make vllm-release`'s report judges changed or gone
     ADVISORY: FixAdvisory                          its advisory catalog entry (title, symptom, evidence)
     decide(inputs, mode) -> FixDecision            pure, no torch/vllm import
     launch_args(inputs) -> list[str]               extra `vllm serve` flags when enabled

@@ -33,6 +33,7 @@ class FixAdvisory(TypedDict):
 
     title: str
     symptom: str
+    kind: str  # hang, corruption or performance (deploykit.advisories.schema.AdvisoryKind)
     references: list[dict[str, Any]]
     vllm: dict[str, Any]
 
@@ -150,6 +151,7 @@ class Fix(Protocol):
     SUMMARY: str  # one line for people
     PATCHES: str  # what in vLLM it changes
     LAUNCH_FLAGS: tuple[str, ...]  # the `vllm serve` flags launch_args may add: the fix owns them
+    TARGET_SOURCES: tuple[str, ...]  # the vLLM files its target lives in (`file::Class`): release reports
     ADVISORY: FixAdvisory  # its entry in the advisory catalog: the known-bad combination it fixes
 
     def decide(self, inputs: DecisionInputs, mode: FixMode) -> FixDecision:

@@ -46,6 +46,7 @@ PATCHES = "vllm.model_executor.models.gemma4_unified: vision embedder patch_dens
 ADVISORY: FixAdvisory = {
     "title": "Gemma4 Unified image requests emit token 0 forever in FP16",
     "symptom": "the vision projection overflows FP16 and turns to NaN; every image request answers token 0",
+    "kind": "corruption",
     "references": [
         {"number": 48231, "note": "Gemma4 Unified FP16 overflow on a GPU without native BF16"},
         {"number": 48233, "kind": "pr", "note": "FP32 projection; open, in no release"},
@@ -113,6 +114,12 @@ def decide(inputs: DecisionInputs, mode: FixMode) -> FixDecision:
 
 
 LAUNCH_FLAGS: tuple[str, ...] = ()
+# The vLLM source files the target lives in, relative to the folder holding `vllm/`: what
+# `make vllm-release` (tools/vllm_release.py) judges "changed" or "gone" on; `file::Class` narrows a file to
+# the one class the fix patches.
+TARGET_SOURCES: tuple[str, ...] = (
+    "vllm/model_executor/models/gemma4_unified.py::Gemma4UnifiedVisionEmbedder",
+)
 # The two layers the fix computes in FP32, as `named_modules()` names their leaves.
 PATCHED_LEAVES = ("patch_dense", "patch_ln2")
 

@@ -56,6 +56,7 @@ ADVISORY: FixAdvisory = {
     "symptom": (
         'punica\'s Triton LoRA kernel returns NaN on sm90 for long prompts; the text turns into "!!!!"'
     ),
+    "kind": "corruption",
     "references": [
         {"number": 48590, "note": "lora_expand with block_n=128 outputs NaN on H20 (sm90)"},
         {"number": 47869, "note": "the fp32 shrink buffer sends lora_expand down a NaN path"},
@@ -133,6 +134,17 @@ def decide(inputs: DecisionInputs, mode: FixMode) -> FixDecision:
 
 
 LAUNCH_FLAGS: tuple[str, ...] = ()
+# The vLLM source files the target lives in, relative to the folder holding `vllm/`: what
+# `make vllm-release` (tools/vllm_release.py) judges "changed" or "gone" on; `file::Class` narrows a file to
+# the one class the fix patches.
+TARGET_SOURCES: tuple[str, ...] = (
+    "vllm/lora/punica_wrapper/punica_base.py",
+    "vllm/lora/punica_wrapper/punica_gpu.py",
+    "vllm/lora/punica_wrapper/punica_cpu.py",
+    "vllm/lora/ops/torch_ops/lora_ops.py",
+    "vllm/lora/ops/triton_ops/lora_expand_op.py",
+    "vllm/lora/ops/triton_ops/lora_shrink_op.py",
+)
 
 
 def launch_args(inputs: DecisionInputs) -> list[str]:

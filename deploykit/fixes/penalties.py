@@ -42,6 +42,7 @@ PATCHES = "vLLM V1 model runner's host penalty path; adds a V1-interface logits 
 ADVISORY: FixAdvisory = {
     "title": "sampling penalties make TPOT 4-7x worse under load (V1 model runner)",
     "symptom": "V1 rebuilds the padded token history on the host every step when any request uses penalties",
+    "kind": "performance",
     "references": [{"number": 47540, "kind": "pr", "note": "keep penalty statistics between steps; open"}],
     "vllm": {
         "fixed_in": "0.34.0",
@@ -56,6 +57,17 @@ ADVISORY: FixAdvisory = {
 }
 PROCESSOR = "deploykit.fixes.penalties:DevicePenaltiesProcessor"
 LAUNCH_FLAGS: tuple[str, ...] = ("--logits-processors",)
+# The vLLM source files the target lives in, relative to the folder holding `vllm/`: what
+# `make vllm-release` (tools/vllm_release.py) judges "changed" or "gone" on; `file::Class` narrows a file to
+# the one class the fix patches.
+TARGET_SOURCES: tuple[str, ...] = (
+    "vllm/v1/sample/sampler.py",
+    "vllm/v1/sample/metadata.py",
+    "vllm/v1/sample/ops/penalties.py",
+    "vllm/v1/sample/logits_processor/__init__.py",
+    "vllm/v1/sample/logits_processor/interface.py",
+    "vllm/v1/worker/gpu_input_batch.py",
+)
 
 
 def decide(inputs: DecisionInputs, mode: FixMode) -> FixDecision:

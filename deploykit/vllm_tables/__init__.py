@@ -4,7 +4,9 @@ Each file (`vllm-<release>.json`, written by tools/vllm_tables.py from that rele
 - `option_table`: its `vllm serve` parser as deploykit.vllm_args describes it, so a plan is checked against
   the parser of the vLLM it targets, not the one (if any) installed where it is made;
 - `env_vars`: the names its `vllm/envs.py` defines (read with `ast`, never imported);
-- `source_facts`: facts about its source that decisions need (deploykit.fixes read them by name).
+- `source_facts`: facts about its source that decisions need (deploykit.fixes read them by name);
+- `flashinfer_pin`: the FlashInfer its wheel pins (`Requires-Dist: flashinfer-python==X` in its METADATA),
+  as the metadata spells it; null where the metadata pins none (0.32's CPU build).
 
 Nothing here imports vLLM; a file is read once per process (~1 ms).
 """
@@ -17,7 +19,8 @@ import re
 from importlib import resources
 from typing import Any
 
-SHIPPED_SCHEMA = 1  # the shape of a release file around its option table (which carries its own schema)
+SHIPPED_SCHEMA = 2  # the shape of a release file around its option table (which carries its own schema);
+# 2 added `flashinfer_pin`
 _FILE = re.compile(r"^vllm-(\d+\.\d+\.\d+)\.json$")
 
 
@@ -102,25 +105,15 @@ def shipped_source_facts(version: str | None) -> dict[str, Any] | None:
     return None if data is None else dict(data["source_facts"])
 
 
-def env_vars_removed_by(version: str | None) -> dict[str, str]:
-    """The variables some shipped release up to `version` defined that the newest shipped release up to
-    it no longer does, each with the first release that dropped it (`VLLM_USE_V2_MODEL_RUNNER` → `0.34.0`
-    for a 0.34 or 0.35 target). Empty for an unreadable version."""
-    from deploykit.vllm_compat import parse_version
-
-    parsed = parse_version(version)
-    if parsed is None:
-        return {}
-    removed: dict[str, str] = {}
-    previous: frozenset[str] | None = None
-    for release in SUPPORTED_VLLM_RELEASES:
-        if _release_key(release) > parsed:
-            break
-        names = frozenset(_read(release)["env_vars"])
-        if previous is not None:
-            for name in previous - names:
-                removed.setdefault(name, release)
-        for name in names:
-            removed.pop(name, None)
-        previous = names
-    return removed
+def flashinfer_pin(version: str | None) -> str | None:
+    """The FlashInfer version the wheel of `version`'s release pins (`0.34.0` → `0.7.3`); None when no file
+    is shipped for that release or its wheel pins none (the 0.32 CPU build)."""
+    data = shipped_release(version)
+    if data is None:
+        return None
+    pin = data["flashinfer_pin"]
+    if pin is None or isinstance(pin, str):
+        return pin
+    raise ValueError(
+        f"deploykit/vllm_tables/{file_name(data['release'])}: flashinfer_pin {pin!r} is not a string"
+    )

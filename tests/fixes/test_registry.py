@@ -1,7 +1,8 @@
 """A fix is one module and one line in the registry (deploykit/fixes/__init__.py): the profile's `fixes:`
-modes, the plan's decisions and owned flags, `deploykit fixes`, the advisory catalog's entry and the docs
-index all derive from it. Shown with a throw-away fix in a temporary module, registered by one line in a
-temporary copy of the package, with no other edit anywhere; and the shipped docs index is checked."""
+modes, the plan's decisions and owned flags, `deploykit fixes`, the advisory catalog's entry, the docs
+index and the fix targets of `make vllm-release`'s report all derive from it. Shown with a throw-away fix in
+a temporary module, registered by one line in a temporary copy of the package (tools/ copied unchanged),
+with no other edit anywhere; and the shipped docs index is checked."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from tools import fixes_index
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILE = "name: x\nplatform: cpu\nmodel: {source: /m}\n"
+# Copied unchanged into the copy: a new fix edits none of them.
+TOOLS_READING_THE_REGISTRY = ("fixes_index.py", "vllm_release.py", "vllm_tables.py", "vllm_tier.py")
 
 THROWAWAY_FIX = textwrap.dedent(
     '''
@@ -42,9 +45,11 @@ THROWAWAY_FIX = textwrap.dedent(
     SUMMARY = "a throw-away fix made by a test"
     PATCHES = "nothing in vLLM"
     LAUNCH_FLAGS: tuple[str, ...] = ("--throwaway-flag",)
+    TARGET_SOURCES: tuple[str, ...] = ("vllm/throwaway_target.py::Target",)
     ADVISORY: FixAdvisory = {
         "title": "a throw-away known-bad combination",
         "symptom": "none: a test registered it",
+        "kind": "corruption",
         "references": [{"number": 1, "note": "made up by tests/fixes/test_registry.py"}],
         "vllm": {"evidence": "none"},
     }
@@ -93,6 +98,7 @@ PROBE = textwrap.dedent(
     from deploykit.probe.facts import ProbeFacts
     from deploykit.profile.load import parse_profile
     from deploykit.profile.schema import LoadedProfile, Profile, ProfileError
+    from tools import vllm_release
     from tools.fixes_index import index_table
 
     PROFILE = {profile!r}
@@ -118,18 +124,27 @@ PROBE = textwrap.dedent(
     out["fixes_command"] = [row["name"] for row in json.loads(listed.stdout)]
     out["catalog"] = advisory_ids()
     out["index"] = index_table()
+    out["report_sources"] = vllm_release.fix_sources()["throwaway"]
+    old, new = Path("old"), Path("new")  # two made-up releases: the throw-away's target class is edited
+    for tree, value in ((old, 1), (new, 2)):
+        (tree / "vllm").mkdir(parents=True)
+        (tree / "vllm" / "throwaway_target.py").write_text(f"class Target:\\n    x = {{value}}\\n")
+    rows = vllm_release.fix_target_rows(old, new)
+    out["report_row"] = [row for row in rows if row.startswith("- `throwaway`")]
     print(json.dumps(out))
     """
 )
 
 
 def registered_copy(tmp_path: Path) -> Path:
-    """A copy of the package (and the docs index tool) with the throw-away fix registered: one module
-    outside the package, one line added to the registry, nothing else touched."""
+    """A copy of the package (and the tools that read the registry: the docs index, the release report)
+    with the throw-away fix registered: one module outside the package, one line added to the registry,
+    nothing else touched."""
     root = tmp_path / "repo"
     shutil.copytree(REPO / "deploykit", root / "deploykit", ignore=shutil.ignore_patterns("__pycache__"))
     (root / "tools").mkdir()
-    shutil.copy(REPO / "tools" / "fixes_index.py", root / "tools" / "fixes_index.py")
+    for tool in TOOLS_READING_THE_REGISTRY:
+        shutil.copy(REPO / "tools" / tool, root / "tools" / tool)
     (tmp_path / "extra").mkdir()
     (tmp_path / "extra" / "throwaway_fix.py").write_text(THROWAWAY_FIX)
     registry = root / "deploykit" / "fixes" / "__init__.py"
@@ -174,6 +189,9 @@ def test_a_new_fix_is_one_module_and_one_registry_line(tmp_path: Path) -> None:
         "| `throwaway` | a throw-away known-bad combination | a throw-away fix made by a test |"
         in (seen["index"])
     )
+    assert seen["report_sources"] == ["vllm/throwaway_target.py::Target"]  # `make vllm-release`'s report
+    [row] = seen["report_row"]
+    assert row.startswith("- `throwaway`: **changed**") and "-    x = 1\n+    x = 2" in row, row
 
 
 def test_the_docs_index_is_the_registrys() -> None:

@@ -2,46 +2,21 @@
 
 The tier (tests/vllm_releases) runs its checks in this process against the installed vLLM (0.32, the CPU
 build) and, for every other supported release, in a child pytest whose `import vllm` gives that release's
-Python sources (tools/fetch-vllm-sources.sh, tools/vllm_tables.py's release_env).
+Python sources (tools/fetch-vllm-sources.sh, tools/vllm_tables.py's release_env). What the release tool
+(tools/vllm_release.py) needs as well lives in tools/ (vllm_tables.py, vllm_tier.py), imported from there.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from pathlib import Path
-from types import ModuleType
 
-from deploykit.installed import installed_vllm_version
-from deploykit.vllm_tables import release_of
+from tools.vllm_tables import installed_release as importable_release
+from tools.vllm_tables import vllm_root
+from tools.vllm_tier import CHILD_ENV
 
 REPO = Path(__file__).resolve().parents[2]
-CHILD_PLUGIN = "tests.vllm_releases.child_plugin"  # 0.34's x86-without-Triton refusal (its docstring)
-CHILD_ENV = "DEPLOYKIT_RELEASE_TIER_CHILD"  # set in a child run: it must not start children of its own
-
-
-def tables_tool() -> ModuleType:
-    """tools/vllm_tables.py, loaded as a module (it is a script, not part of the package)."""
-    spec = importlib.util.spec_from_file_location(
-        "deploykit_tools_vllm_tables", REPO / "tools" / "vllm_tables.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)
-    spec.loader.exec_module(module)
-    return module
-
-
-def importable_release() -> str | None:
-    return release_of(installed_vllm_version())
-
-
-def vllm_root() -> Path:
-    """The folder that holds the importable `vllm/` package (located, not imported)."""
-    spec = importlib.util.find_spec("vllm")
-    assert spec is not None and spec.submodule_search_locations
-    return Path(next(iter(spec.submodule_search_locations))).parent
+__all__ = ["NEXT_RELEASE", "REPO", "importable_release", "in_child", "vllm_root"]
 
 
 def in_child() -> bool:

