@@ -1,20 +1,25 @@
 """What a plan warns of or refuses besides the fixes' own decisions: an untested or unknown vLLM, a pinned
-vLLM the host does not have installed, variables it no longer reads, a server open without a key, a target the
-facts do not match, a fix turned off that the facts call for, a VLLM_PLUGINS that leaves deploykit out."""
+vLLM the host does not have installed, variables and options the target vLLM removed, a server open without a
+key, a target the facts do not match, a fix turned off that the facts call for, a VLLM_PLUGINS that leaves
+deploykit out."""
 
 from __future__ import annotations
+
+from collections.abc import Collection
 
 from deploykit import __version__, net
 from deploykit.fixes import load_fix
 from deploykit.fixes.base import OBSOLETE_PREFIX, Decision, DecisionInputs, FixDecision
 from deploykit.probe.facts import ProbeFacts
-from deploykit.profile.schema import FixMode, Profile
+from deploykit.profile.load import located
+from deploykit.profile.schema import FixMode, LoadedProfile, Profile
 from deploykit.vllm_compat import (
     TESTED_VLLM,
     same_release,
     version_in_range,
 )
-from deploykit.vllm_tables import NEWEST_KNOWN_RELEASE, env_vars_removed_by, newer_than_known
+from deploykit.vllm_removed import Removal, env_removal, option_removal
+from deploykit.vllm_tables import NEWEST_KNOWN_RELEASE, newer_than_known
 
 
 def untested_vllm_warning(version: str | None) -> str | None:
@@ -57,16 +62,43 @@ def unknown_release_warning(version: str | None, decisions: list[FixDecision]) -
     )
 
 
-def removed_env_warnings(env: dict[str, str], version: str | None) -> list[str]:
-    """A variable the plan writes that the target's vLLM (or, for a newer target, the newest known
-    release) no longer defines: it would be ignored, or refused. deploykit's own never are (RUNNER_ENV)."""
-    removed = env_vars_removed_by(version)
-    return [
-        f"env {name}: vLLM {release} no longer reads it (gone from its vllm/envs.py); remove it from the "
-        "profile's env"
-        for name, release in sorted(removed.items())
-        if name in env
-    ]
+def removed_name_errors(loaded: LoadedProfile, version: str | None) -> list[str]:
+    """A variable in the profile's `env` or an option in its `serve.extra_args` that the target vLLM's release
+    or an earlier one removed (deploykit.vllm_removed: the shipped tables, and the history before them): vLLM
+    would ignore the variable, or refuse the option at start-up. One located line each (`FILE:LINE:COL:
+    env.NAME: ...`), naming the release that removed it and what replaces it. None for an unknown target."""
+    profile = loaded.profile
+    errors = []
+    for name in profile.env:
+        removal = env_removal(name, version)
+        if removal is not None:
+            message = f"vLLM {version} no longer reads {name}: {removal.explained()}"
+            errors.append(located(loaded, ("env", name), f"{message}{_or_older(removal)}"))
+    for index, word in enumerate(profile.serve.extra_args):
+        removal = option_removal(word, version)
+        if removal is not None:
+            message = f"{word}: vLLM {version} has no {removal.name} option: {removal.explained()}"
+            errors.append(located(loaded, ("serve", "extra_args", index), f"{message}{_or_older(removal)}"))
+    return errors
+
+
+def _or_older(removal: Removal) -> str:
+    return f", or target a vLLM before {removal.release} (the profile's vllm_version)"
+
+
+def removed_env_warnings(env: dict[str, str], version: str | None, given: Collection[str]) -> list[str]:
+    """A variable deploykit itself writes into the plan (none of the profile's `env`, refused by
+    `removed_name_errors`) that the target vLLM no longer reads: deploykit's own mistake, said rather than
+    refused. RUNNER_ENV never is: it is written only for a release that still reads it."""
+    warnings = []
+    for name in sorted(set(env) - set(given)):
+        removal = env_removal(name, version)
+        if removal is not None:
+            warnings.append(
+                f"env {name}: deploykit writes it, but vLLM {version} no longer reads it (vLLM "
+                f"{removal.release} removed it, {removal.source}): a deploykit bug, please report it"
+            )
+    return warnings
 
 
 def unauthenticated_exposure(profile: Profile) -> str | None:
@@ -147,9 +179,9 @@ def disabled_but_called_for(
 def plugins_exclude_deploykit(profile: Profile, enabled: list[str]) -> str | None:
     """vLLM loads only the plugins VLLM_PLUGINS names, when it is set: one that leaves deploykit's out
     while a fix is on would serve without the fix, silently."""
-    from deploykit.plugin_contract import ENTRY_POINT_NAME
+    from deploykit.plugin_contract import ENTRY_POINT_NAME, PLUGINS_ENV
 
-    value = profile.env.get("VLLM_PLUGINS")
+    value = profile.env.get(PLUGINS_ENV)
     if not enabled or not isinstance(value, str):
         return None
     if ENTRY_POINT_NAME in [name.strip() for name in value.split(",")]:

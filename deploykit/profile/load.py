@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from deploykit.input_files import InputFileError, compose_yaml, read_text
 from deploykit.paths import shipped_profile_dirs, user_profile_dir
-from deploykit.profile.schema import LoadedProfile, Profile, ProfileError, ProfileIssue
+from deploykit.profile.schema import LoadedProfile, Positions, Profile, ProfileError, ProfileIssue
 from deploykit.untrusted_text import control_character
 
 # --- finding profiles -------------------------------------------------------------------------------
@@ -49,8 +49,6 @@ def list_profile_paths(extra_dir: Path | None = None) -> list[Path]:
 
 
 # --- loading with located errors --------------------------------------------------------------------
-
-Positions = dict[tuple[str | int, ...], tuple[int, int]]
 
 
 def _mark(node: yaml.Node) -> tuple[int, int]:
@@ -154,6 +152,11 @@ def _pydantic_message(error: Any) -> str:
 
 
 def parse_profile(text: str, file: str = "<profile>") -> Profile:
+    return _parse_located(text, file)[0]
+
+
+def _parse_located(text: str, file: str) -> tuple[Profile, Positions]:
+    """The profile and where each of its fields is in `text` (for checks made after loading: `located`)."""
     issues: list[ProfileIssue] = []
     if not text.strip():
         raise ProfileError([ProfileIssue(file, 1, 1, "(top level)", "the profile is empty")])
@@ -184,7 +187,7 @@ def parse_profile(text: str, file: str = "<profile>") -> Profile:
         raise ProfileError(_unique(issues)) from None
     if issues:
         raise ProfileError(issues)
-    return profile
+    return profile, positions
 
 
 def _refine_env_location(loc: tuple[str | int, ...], message: str) -> tuple[str | int, ...]:
@@ -221,4 +224,15 @@ def load_profile(name_or_path: str) -> LoadedProfile:
         if reason.startswith("not UTF-8"):
             reason += ": a profile is a YAML file saved as UTF-8"
         raise ProfileError([ProfileIssue(str(path), 1, 1, "(file)", reason)]) from None
-    return LoadedProfile(profile=parse_profile(text, str(path)), path=path)
+    profile, positions = _parse_located(text, str(path))
+    return LoadedProfile(profile=profile, path=path, positions=positions)
+
+
+def located(loaded: LoadedProfile, field: tuple[str | int, ...], message: str) -> str:
+    """`message` as a profile error at `field` (`("env", "NAME")`, `("serve", "extra_args", 2)`), for a check
+    that needs more than the file (the plan's target vLLM): `FILE:LINE:COL: env.NAME: message`, the line of
+    the key (a mapping entry) or of the item (a list's). `FILE: field: message` for a profile made in code."""
+    position = loaded.positions.get(field)
+    if position is None:
+        return f"{loaded.path}: {_dotted(field)}: {message}"
+    return str(ProfileIssue(str(loaded.path), position[0], position[1], _dotted(field), message))

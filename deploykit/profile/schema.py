@@ -9,6 +9,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, cast, get_args, get_origin
@@ -559,10 +560,18 @@ _LATER_FIELD_DEFAULTS: dict[tuple[str, ...], object] = {
 _LATER_CASE_FIELD_DEFAULTS: dict[str, object] = {"expect_ids": None, "name": None}
 
 
+# Where each field of a profile file is: its dotted path as a tuple (`("env", "NAME")`, `("serve",
+# "extra_args", 2)`) → (line, column), 1-based; a scalar's value under `(*path, "<value>")`.
+Positions = dict[tuple[str | int, ...], tuple[int, int]]
+
+
 @dataclass(frozen=True)
 class LoadedProfile:
     profile: Profile
     path: Path
+    # Where each field is in the file (deploykit.profile.load fills it; empty for a profile made in code):
+    # a check made later, against the plan's target, still names the line (deploykit.profile.load.located).
+    positions: Positions = dataclass_field(default_factory=dict, compare=False, repr=False)
 
     @property
     def id(self) -> str:

@@ -238,16 +238,19 @@ def test_a_target_newer_than_any_known_release_says_what_is_not_known() -> None:
     assert "VLLM_USE_V2_MODEL_RUNNER" not in plan.env
 
 
-def test_a_variable_the_target_no_longer_defines_is_a_warning(tmp_path: Path) -> None:
-    """The profile's own env naming VLLM_USE_V2_MODEL_RUNNER, for a release that dropped it: said, by name
-    and release; deploykit itself never writes it there."""
+def test_a_variable_the_target_no_longer_defines_is_refused(tmp_path: Path) -> None:
+    """The profile's own env naming VLLM_USE_V2_MODEL_RUNNER, for a release that dropped it (issue 47: an
+    error, was a warning): said, by name, field and release; deploykit itself never writes it there, and a
+    target before the removal plans it as before. tests/profile/test_removed_names.py has the rest."""
     loaded = load_profile("demo-cpu")
     profile = loaded.profile.model_copy(update={"env": {"VLLM_USE_V2_MODEL_RUNNER": "1"}})
     plan = make_plan(LoadedProfile(profile, tmp_path / "p.yaml"), facts("no-gpu", "0.34.0+cpu"))
-    [warning] = [w for w in plan.warnings if w.startswith("env VLLM_USE_V2_MODEL_RUNNER")]
-    assert "vLLM 0.34.0 no longer reads it" in warning
+    [error] = [e for e in plan.errors if "env.VLLM_USE_V2_MODEL_RUNNER" in e]
+    assert error.startswith(f"{tmp_path / 'p.yaml'}: env.VLLM_USE_V2_MODEL_RUNNER: vLLM 0.34.0+cpu no longer")
+    assert "vLLM 0.34.0 removed it" in error
+    assert not [w for w in plan.warnings if "VLLM_USE_V2_MODEL_RUNNER" in w]
     older = make_plan(LoadedProfile(profile, tmp_path / "p.yaml"), facts("no-gpu", "0.33.0+cpu"))
-    assert not [w for w in older.warnings if w.startswith("env VLLM_USE_V2_MODEL_RUNNER")]
+    assert not [m for m in older.errors + older.warnings if "VLLM_USE_V2_MODEL_RUNNER" in m]
 
 
 def test_device_penalties_forced_on_a_v2_runner_is_refused() -> None:
