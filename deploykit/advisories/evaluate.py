@@ -234,6 +234,11 @@ def conditions_checks(when: Conditions, facts: DeploymentFacts) -> list[Check]:
         ("attention_backend", facts.attention_backend, when.attention_backend),
         ("cudagraph_mode", facts.cudagraph_mode, when.cudagraph_mode),
         ("model_runner", facts.model_runner, list(when.model_runner) if when.model_runner else None),
+        ("speculative_method", facts.speculative_method, when.speculative_method),
+        ("mamba_cache_mode", facts.mamba_cache_mode, when.mamba_cache_mode),
+        ("kv_connector", facts.kv_connector, when.kv_connector),
+        ("moe_backend", facts.moe_backend, when.moe_backend),
+        ("gdn_prefill_backend", facts.gdn_prefill_backend, when.gdn_prefill_backend),
     ]
     checks += [_one_of(name, value, wanted) for name, value, wanted in lists if wanted is not None]
     switches: list[tuple[str, bool | None, bool | None]] = [
@@ -243,8 +248,16 @@ def conditions_checks(when: Conditions, facts: DeploymentFacts) -> list[Check]:
         ("async_scheduling", facts.async_scheduling, when.async_scheduling),
         ("sequence_parallelism", facts.sequence_parallelism, when.sequence_parallelism),
         ("penalties", facts.penalties, when.penalties),
+        ("tool_calling", facts.tool_calling, when.tool_calling),
+        ("cpu_offload", facts.cpu_offload, when.cpu_offload),
+        ("expert_parallel", facts.expert_parallel, when.expert_parallel),
+        ("tensor_parallel_spans_nodes", facts.tensor_parallel_spans_nodes, when.tensor_parallel_spans_nodes),
     ]
     checks += [_switch(name, value, wanted) for name, value, wanted in switches if wanted is not None]
+    if when.nodes is not None:
+        checks.append(_in_range("nodes", facts.nodes, when.nodes))
+    if when.data_parallel is not None:
+        checks.append(_in_range("data_parallel", facts.data_parallel, when.data_parallel))
     if when.max_num_seqs is not None:
         checks.append(_in_range("max_num_seqs", facts.max_num_seqs, when.max_num_seqs))
     if when.env is not None:

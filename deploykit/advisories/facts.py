@@ -15,12 +15,10 @@ from deploykit import argv as argv_reader
 from deploykit.advisories.compute_dtype import ComputeDtype, quantization_method
 from deploykit.probe.facts import GpuFacts, GpuLink, ProbeFacts
 from deploykit.vllm_compat import parse_version, v1_runner_removed
+from deploykit.vllm_tables import flashinfer_pin
 
 # vLLM 0.14.0 turned async scheduling on by default (PR #33352's description).
 ASYNC_SCHEDULING_DEFAULT_SINCE = (0, 14, 0)
-# The FlashInfer each vLLM release pins (its wheel's METADATA: Requires-Dist flashinfer-python==X). The
-# 0.32 CPU build names none, so 0.32's stays unknown unless the facts carry it.
-FLASHINFER_PINNED = {"0.33.0": "0.7.2.post1", "0.34.0": "0.7.3"}
 # vLLM's release notes for 0.11.0: "turns on FULL_AND_PIECEWISE as the CUDA graph mode default".
 FULL_AND_PIECEWISE_DEFAULT_SINCE = (0, 11, 0)
 # vllm/engine/arg_utils.py (0.32) get_batch_defaults, OPENAI_API_SERVER on CUDA: 1024 sequences on GPUs of
@@ -55,6 +53,17 @@ class DeploymentFacts(BaseModel):
     model_runner: str | None = None
     max_num_seqs: int | None = None
     vocab_size: int | None = None
+    speculative_method: str | None = None
+    tool_calling: bool | None = None
+    mamba_cache_mode: str | None = None
+    kv_connector: str | None = None
+    cpu_offload: bool | None = None
+    expert_parallel: bool | None = None
+    nodes: int | None = None
+    data_parallel: int | None = None
+    tensor_parallel_spans_nodes: bool | None = None
+    moe_backend: str | None = None
+    gdn_prefill_backend: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
 
     @property
@@ -91,13 +100,12 @@ def facts_platform(facts: ProbeFacts, platform: str) -> str:
 
 
 def flashinfer_version(facts: ProbeFacts, vllm_version: str | None) -> str | None:
-    """The facts' FlashInfer when they carry one, else the one the target vLLM release pins."""
+    """The facts' FlashInfer when they carry one, else the one the target vLLM release's wheel pins (its
+    release table, written from the wheel's METADATA by `make vllm-release`; the 0.32 CPU build names none,
+    and a release without a table is unknown)."""
     if facts.flashinfer_version:
         return facts.flashinfer_version
-    parsed = parse_version(vllm_version)
-    if parsed is None:
-        return None
-    return FLASHINFER_PINNED.get(".".join(str(part) for part in parsed[:3]))
+    return flashinfer_pin(vllm_version)
 
 
 def deployment_facts(
@@ -114,6 +122,9 @@ def deployment_facts(
     model_config: dict[str, Any],
     penalties: bool,
     model_runner: str,
+    nodes: int = 1,
+    data_parallel: int = 1,
+    gpus_per_node: int | None = None,
 ) -> DeploymentFacts:
     """The facts of one planned deployment; serving features come from its argv and env, the compute dtype
     from the plan's one resolution of it (deploykit.advisories.compute_dtype). `gpu_count`: the GPUs of one
@@ -130,6 +141,8 @@ def deployment_facts(
     sequence_parallel = isinstance(enable_sp, dict) and bool(
         enable_sp.get("enable_sp") or enable_sp.get("fuse_gemm_comms")
     )
+    prefix_caching = argv_reader.flag_switch(argv, "--enable-prefix-caching") is not False
+    speculative = argv_reader.json_option(argv, "--speculative-config")
     return DeploymentFacts(
         vllm_version=vllm_version,
         platform=facts_platform(facts, platform),
@@ -145,7 +158,7 @@ def deployment_facts(
         tensor_parallel=tensor_parallel,
         lora=bool(argv_reader.flag_switch(argv, "--enable-lora")),
         speculative_decoding=argv_reader.flag_value(argv, "--speculative-config") is not None,
-        prefix_caching=argv_reader.flag_switch(argv, "--enable-prefix-caching") is not False,
+        prefix_caching=prefix_caching,
         async_scheduling=_async_scheduling(argv, vllm_version),
         sequence_parallelism=sequence_parallel,
         flashinfer_version=flashinfer_version(facts, vllm_version),
@@ -153,8 +166,49 @@ def deployment_facts(
         model_runner=model_runner,
         max_num_seqs=int(max_num_seqs) if max_num_seqs else _default_max_num_seqs(used, platform),
         vocab_size=_vocab_size(model_config),
+        speculative_method=_speculative_method(speculative),
+        tool_calling=bool(argv_reader.flag_switch(argv, "--enable-auto-tool-choice")),
+        mamba_cache_mode=_mamba_cache_mode(argv, prefix_caching),
+        kv_connector=_kv_connector(argv_reader.json_option(argv, "--kv-transfer-config")),
+        cpu_offload=float(argv_reader.flag_value(argv, "--cpu-offload-gb") or 0) > 0,
+        expert_parallel=bool(argv_reader.flag_switch(argv, "--enable-expert-parallel")),
+        nodes=nodes,
+        data_parallel=data_parallel,
+        tensor_parallel_spans_nodes=tensor_parallel > (gpus_per_node or tensor_parallel),
+        moe_backend=(argv_reader.flag_value(argv, "--moe-backend") or "auto").lower(),
+        gdn_prefill_backend=(argv_reader.flag_value(argv, "--gdn-prefill-backend") or "auto").lower(),
         env=dict(env),
     )
+
+
+def _speculative_method(config: dict[str, Any]) -> str:
+    """vLLM's own reading of --speculative-config (config/speculative.py, 0.34): every `*_mtp` method is
+    MTP, `model: ngram` is n-gram, and a draft `model` without a method is a draft model (vLLM detects the
+    method from the draft checkpoint and falls back to draft_model; deploykit does not read the draft's
+    config, so an EAGLE head named only by `model` reads as draft_model); `none` without speculation."""
+    if not config:
+        return "none"
+    method = config.get("method")
+    if isinstance(method, str) and method:
+        return "mtp" if method.lower().endswith("mtp") else method.lower()
+    model = config.get("model")
+    if model in ("ngram", "[ngram]"):
+        return "ngram"
+    return "draft_model" if model else "none"
+
+
+def _mamba_cache_mode(argv: list[str], prefix_caching: bool) -> str:
+    """The argv's --mamba-cache-mode, else what vLLM picks for a hybrid model: `align` under prefix caching,
+    `none` without (model_executor/models/config.py, 0.33 and 0.34). Only hybrid models read it."""
+    stated = argv_reader.flag_value(argv, "--mamba-cache-mode")
+    if stated:
+        return stated.lower()
+    return "align" if prefix_caching else "none"
+
+
+def _kv_connector(config: dict[str, Any]) -> str:
+    connector = config.get("kv_connector")
+    return connector if isinstance(connector, str) and connector else "none"
 
 
 def _links_between(links: list[GpuLink] | None, used: list[GpuFacts]) -> list[GpuLink] | None:

@@ -23,6 +23,12 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+AdvisoryKind = Literal["hang", "corruption", "performance"]
+"""hang: the engine stops producing tokens while /health says 200 (the canary's `hung` verdict names these);
+corruption: fluent, wrong output; performance: speed or memory only."""
+ADVISORY_KINDS: tuple[str, ...] = ("hang", "corruption", "performance")
+
+
 class Reference(_Strict):
     """One upstream thread: an issue or pull request, with its repository and what it shows."""
 
@@ -115,6 +121,27 @@ class Conditions(_Strict):
     penalty_table_mib: IntRange | None = Field(
         default=None, description="the V2 model runner's penalty state per GPU, in MiB (needs the vocab size)"
     )
+    speculative_method: list[str] | None = Field(
+        default=None,
+        description="--speculative-config's method: mtp (any *_mtp), draft_model (a model only), eagle, ...",
+    )
+    tool_calling: bool | None = Field(default=None, description="--enable-auto-tool-choice")
+    mamba_cache_mode: list[str] | None = Field(
+        default=None,
+        description="--mamba-cache-mode, else vLLM's choice for a hybrid model: align under prefix caching",
+    )
+    kv_connector: list[str] | None = Field(default=None, description="--kv-transfer-config's kv_connector")
+    cpu_offload: bool | None = Field(default=None, description="--cpu-offload-gb above 0")
+    expert_parallel: bool | None = Field(default=None, description="--enable-expert-parallel")
+    nodes: IntRange | None = Field(default=None, description="the nodes one replica spans (plan layout)")
+    data_parallel: IntRange | None = Field(default=None, description="--data-parallel-size (plan layout)")
+    tensor_parallel_spans_nodes: bool | None = Field(
+        default=None, description="one tensor-parallel group is wider than a node's GPUs (plan layout)"
+    )
+    moe_backend: list[str] | None = Field(default=None, description="--moe-backend, else auto")
+    gdn_prefill_backend: list[str] | None = Field(
+        default=None, description="--gdn-prefill-backend, else auto"
+    )
 
     def fields_set(self) -> list[str]:
         return [name for name in type(self).model_fields if getattr(self, name) is not None]
@@ -159,6 +186,7 @@ class Advisory(_Strict):
     id: Annotated[str, Field(pattern=_ID)]
     title: str
     symptom: str = Field(description="what goes wrong, in one line")
+    kind: AdvisoryKind
     references: Annotated[list[Reference], Field(min_length=1)]
     vllm: VllmRange
     when: Conditions = Field(default_factory=Conditions)

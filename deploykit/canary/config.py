@@ -36,6 +36,9 @@ class CanaryOptions:
     verdict_file: str | None = None
     api_key_file: str | None = None
     keep_running: bool = False
+    known_hangs: tuple[str, ...] = ()
+    """`--known-hang` ids: the hang advisories the deployment's plan matched (the chart and units pass
+    them)."""
 
 
 def check_options(options: CanaryOptions) -> None:
@@ -54,6 +57,9 @@ def build_config(options: CanaryOptions) -> CanaryConfig:
     from deploykit.canary.discovery import discover_model
 
     check_options(options)
+    from deploykit.canary.known_hangs import named_hangs
+
+    known_hangs = named_hangs(options.known_hangs)  # a CanaryError for an id this catalog lacks
     profile = None
     profile_id = None
     if options.profile is not None:
@@ -78,6 +84,7 @@ def build_config(options: CanaryOptions) -> CanaryConfig:
         )
         config.identify = True
         config.api_key_file, config.keep_running = options.api_key_file, options.keep_running
+        config.known_hangs = known_hangs
         from deploykit.fleet_baseline import check_for_server  # the fingerprint's key (docs/fingerprints.md)
 
         config.fingerprint = check_for_server(
@@ -96,6 +103,7 @@ def build_config(options: CanaryOptions) -> CanaryConfig:
         verdict_file=options.verdict_file,
         api_key_file=options.api_key_file,
         keep_running=options.keep_running,
+        known_hangs=known_hangs,
     )
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from deploykit.canary import defaults
+from deploykit.canary.known_hangs import hang_suffix
 from deploykit.canary.metrics import CanaryMetrics
 from deploykit.canary.nan_counter import NanCounterFollower
 from deploykit.canary.progress import ProgressReading, ProgressWatch, hung_diagnosis
@@ -67,6 +68,9 @@ class CanaryConfig:
     """Requests waiting this long with no token produced make the verdict `hung` (`progress`); 0: never."""
     progress_every_s: float = defaults.PROGRESS_EVERY_S
     """Seconds between reads of vLLM's token counters for `hung_after_s`."""
+    known_hangs: tuple[str, ...] = ()
+    """The hang advisories the deployment's plan matched (`known_hangs.named_hangs`): a `hung` verdict
+    names them."""
     api_key_file: str | None = None
     """Read the API key from this file before every run (a mounted Secret the kubelet updates), so a key
     rotated under a running canary is picked up without a restart."""
@@ -374,7 +378,7 @@ class Canary:
             self.metrics.progress_advanced.set(self.clock())
         hung_after = self.config.hung_after_s
         if stalled is not None and hung_after > 0 and stalled >= hung_after:
-            diagnosis = hung_diagnosis(stalled, reading.tokens)
+            diagnosis = hung_diagnosis(stalled, reading.tokens) + hang_suffix(self.config.known_hangs)
             changed, _ = self._transition(lambda state: state.observe_hung(diagnosis))
             if changed is not None and self.on_hung is not None:
                 self.on_hung(self.state.diagnosis)

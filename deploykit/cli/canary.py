@@ -120,6 +120,15 @@ def canary(
             "interval (never a reason to restart vLLM). The chart's and the units' canary run with it.",
         ),
     ] = False,
+    known_hang: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--known-hang",
+            metavar="ID",
+            help="A hang advisory the deployment's plan matched (`deploykit advisories --kind hang`): a "
+            "`hung` verdict names it. Repeat for several; the rendered chart and units pass the plan's.",
+        ),
+    ] = None,
 ) -> None:
     """Send a rotation of cheap smoke cases every S seconds; /healthz turns 503 once the output is wrong.
 
@@ -148,6 +157,7 @@ def canary(
         verdict_file=verdict_file,
         api_key_file=api_key_file,
         keep_running=keep_running,
+        known_hangs=tuple(known_hang or ()),
     )
 
     def say(line: str) -> None:

@@ -20,6 +20,7 @@ from deploykit.plan.findings import (
     installed_vllm_warning,
     plugins_exclude_deploykit,
     removed_env_warnings,
+    removed_name_errors,
     target_mismatch,
     unknown_release_warning,
     untested_vllm_warning,
@@ -133,7 +134,8 @@ def make_plan(
     for decision in decisions:
         warnings += load_fix(decision.name).plan_warnings(inputs, decision)
     env, secrets = build_env(profile, enabled, inputs.vllm_version, model_path)
-    warnings += removed_env_warnings(env, inputs.vllm_version)
+    errors += removed_name_errors(loaded, inputs.vllm_version)
+    warnings += removed_env_warnings(env, inputs.vllm_version, given=profile.env)
     argv = build_argv(profile, model_path, enabled, inputs)
     advice = plan_advice(profile, facts, inputs, (argv, env), decisions, runner, layout)
     plan = Plan(
@@ -203,6 +205,9 @@ def plan_advice(
         model_config=read_local_config(argv[2]) if len(argv) > 2 else {},
         penalties=profile.workload.penalties,
         model_runner=runner,
+        nodes=layout.nodes,
+        data_parallel=layout.data_parallel,
+        gpus_per_node=layout.gpus_per_node,
     )
     advice = advise(deployment, argv, env, profile.advisories, calls)
     advice.errors += mode_errors(profile.advisories)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from deploykit import net
+from deploykit.canary.known_hangs import hang_ids
 from deploykit.canary.settings import DEFAULTS, helm_values
 from deploykit.driver_cuda import with_driver_expression
 from deploykit.render.common import (
@@ -32,6 +33,8 @@ from deploykit.render.gate import FACTS_FILE, facts_json, gate_values
 from deploykit.render.group_chart import checked_group, group_values
 from deploykit.render.model_source import model_values
 from deploykit.render.plugin_wheel import PluginWheel, build_plugin_wheel
+from deploykit.vllm_removed import CHART_FILE as REMOVED_ENV_FILE
+from deploykit.vllm_removed import chart_json as removed_env_json
 
 if TYPE_CHECKING:
     from deploykit.plan import Plan
@@ -242,7 +245,7 @@ def container_security_context(*, read_only_root: bool) -> dict[str, Any]:
     return context
 
 
-def canary_values() -> dict[str, Any]:
+def canary_values(known_hangs: list[str] | None = None) -> dict[str, Any]:
     """The canary sidecar and the timing of the vLLM probes that read its verdict (docs/deploy.md).
 
     The canary writes its verdict to a file on a shared emptyDir; vLLM's readiness and liveness are exec
@@ -257,6 +260,8 @@ def canary_values() -> dict[str, Any]:
         "pullPolicy": "IfNotPresent",
         **helm_values(DEFAULTS),  # `every`, `missLimit`, `port`: the canary's own defaults (HELM_KEYS)
         "verdictMaxAgeSeconds": VERDICT_MAX_AGE_S,
+        # The hang advisories the plan matched, for the `hung` verdict to name (--known-hang).
+        "knownHangs": list(known_hangs or []),
         "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
         "securityContext": container_security_context(read_only_root=True),
         "readiness": {"periodSeconds": PROBE_PERIOD_S, "timeoutSeconds": 10, "failureThreshold": 3},
@@ -357,7 +362,7 @@ def chart_values(plan: Plan, loaded: LoadedProfile, wheel: PluginWheel) -> tuple
         "home": {"path": VLLM_HOME},
         "probes": probes(profile.deploy.startup_timeout_s),
         "plugin": plugin_values(wheel),
-        "canary": canary_values(),
+        "canary": canary_values(hang_ids(plan.advisories)),
         "smokeTest": {
             "image": "",
             "pullPolicy": "IfNotPresent",
@@ -459,6 +464,10 @@ def render_helm(plan: Plan, loaded: LoadedProfile) -> RenderResult:
         *monitoring_files(),
         # The facts the chart was rendered from: the gate's --facts (templates/configmap-gate.yaml).
         RenderedFile(path=f"{CHART_FILES_DIR}/{FACTS_FILE}", content=facts_json(plan)),
+        # The variables the chart's vLLM no longer reads: templates/_removed_env.tpl refuses them in extraEnv.
+        RenderedFile(
+            path=f"{CHART_FILES_DIR}/{REMOVED_ENV_FILE}", content=removed_env_json(plan.vllm_version)
+        ),
     ]
     # The chart is a directory named after it, as `helm create` makes it.
     files = [item.model_copy(update={"path": f"{chart_name}/{item.path}"}) for item in files]

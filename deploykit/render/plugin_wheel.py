@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 
+import yaml
 from pydantic import BaseModel
 
 from deploykit import DISTRIBUTION, __version__
@@ -52,8 +53,8 @@ _PACKAGE_SUFFIXES = (".py", ".typed")
 # the gate from this wheel with nothing else to import from.
 POD_DATA: tuple[str, ...] = ()
 # Package data a pod reads: the advisory catalog, which every plan judges (the gate's Job plans its profile on
-# the chart's probe facts, for the fixes to expect and the fingerprint key).
-_POD_PACKAGE_DATA = frozenset({"advisories/catalog.yaml"})
+# the chart's probe facts, for the fixes to expect and the fingerprint key) and the canary names hangs from.
+_POD_CATALOG = "advisories/catalog.yaml"
 _POD_RENDER_MODULES = {"__init__.py", "pod_probe.py", "pod_restarts.py", "canary_keeper.py"}
 _LEFT_OUT_PACKAGES = {"trace"}
 _LEFT_OUT_MODULES = {
@@ -83,11 +84,31 @@ def _runs_in_the_pod(relative: Path) -> bool:
 
 
 def _pod_table(path: Path) -> bytes:
-    """A release table as the pod reads it: the same keys but the option table, in a stable form."""
+    """A release table as the pod reads it: the same keys but the option table, in a stable form. The
+    history of removals before the first table (deploykit.vllm_removed) goes without its `about` and each
+    entry's `evidence`, the prose people read in the checkout."""
     data = json.loads(path.read_text(encoding="utf-8"))
     for key in _POD_TABLE_DROPS:
         data.pop(key, None)
+    if path.name.startswith("removed-"):
+        data.pop("about", None)
+        for entries in data.values():
+            for entry in entries.values() if isinstance(entries, dict) else ():
+                entry.pop("evidence", None)
     return (json.dumps(data, sort_keys=True, indent=1) + "\n").encode()
+
+
+def _pod_catalog(path: Path) -> bytes:
+    """The advisory catalog as the pod reads it: every advisory with its conditions, action, title and
+    threads, without the prose only people read (each range's evidence, each thread's note: `deploykit
+    advisories ID` and docs/advisories.md outside the pod have them) and without comments, as one line of
+    JSON (which is YAML). The pod's plans judge and act alike (tests/render/test_plugin_wheel.py)."""
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    for advisory in data["advisories"]:
+        advisory["vllm"]["evidence"] = ""
+        for reference in advisory["references"]:
+            reference["note"] = ""
+    return (json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
 
 
 class PluginWheel(BaseModel):
@@ -117,8 +138,8 @@ def _package_files(package_dir: Path) -> Iterator[tuple[str, bytes]]:
             yield f"deploykit/{relative.as_posix()}", path.read_bytes()
         elif relative.parts[0] == _TABLES_DIR and path.suffix == ".json":
             yield f"deploykit/{relative.as_posix()}", _pod_table(path)
-        elif relative.as_posix() in _POD_PACKAGE_DATA:
-            yield f"deploykit/{relative.as_posix()}", path.read_bytes()
+        elif relative.as_posix() == _POD_CATALOG:
+            yield f"deploykit/{relative.as_posix()}", _pod_catalog(path)
     for name in POD_DATA:
         folder = shipped_data_dir(name, package_dir)
         if folder is None:

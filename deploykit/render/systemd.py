@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from deploykit import net
 from deploykit.canary import defaults as canary_defaults
+from deploykit.canary.known_hangs import hang_ids
 from deploykit.canary.settings import DEFAULTS, CanarySettings, canary_args, shown
 from deploykit.plugin_contract import ENTRY_POINT, ENTRY_POINT_NAME
 from deploykit.render import escape, root_helper
@@ -387,6 +388,9 @@ def render_systemd(plan: Plan, loaded: LoadedProfile, options: SystemdOptions) -
     canary_argv = [str(bin_dir / "deploykit"), "canary", "--url", url, "--profile", profile_file]
     canary = canary_settings(loaded)
     canary_argv += [*canary_args(canary, *UNIT_SETTINGS), "--exit-on-corruption"]
+    # The hang advisories the plan matched: a `hung` verdict names them.
+    hangs = hang_ids(plan.advisories)
+    canary_argv += [word for hang in hangs for word in ("--known-hang", hang)]
     # Its own trouble (a key the server refuses, a name it does not serve) is a `misconfigured` verdict and a
     # journal line, never an exit (exit 3 restarts the server; issue 34).
     canary_argv += ["--keep-running"]

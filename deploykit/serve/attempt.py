@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from deploykit import net
 from deploykit.argv import value_or, with_port
+from deploykit.errors import LaunchError
 from deploykit.paths import default_log_dir
 from deploykit.serve.console import ConsoleUI, LogFollower
 from deploykit.serve.driver import Stage, exit_code, finish
@@ -144,11 +145,27 @@ def _prepare_and_launch(attempt: Attempt, ui: ConsoleUI) -> None:
 
     try:
         startup = wait_healthy(attempt.server, profile.deploy.startup_timeout_s, on_progress)
+    except LaunchError as exc:
+        raise _with_known_hangs(exc, attempt) from None
     finally:
         ui.end_progress()
         echo_log()
     attempt.timings["startup_s"] = round(startup, 4)
     ui.say(f"vLLM healthy after {startup:.1f} s at {attempt.base_url}")
+
+
+def _with_known_hangs(error: LaunchError, attempt: Attempt) -> LaunchError:
+    """A start-up that timed out (vLLM alive, /health silent) names the hang advisories the plan matched
+    and left open: some wedge before vLLM ever listens (a cross-node all-reduce set-up, a stale autotune
+    cache)."""
+    from deploykit.canary.known_hangs import hang_ids, hang_suffix, named_hangs
+
+    if error.server_exit_code is not None or attempt.plan is None:
+        return error
+    suffix = hang_suffix(named_hangs(hang_ids(attempt.plan.advisories)))
+    if not suffix:
+        return error
+    return LaunchError(f"{error}{suffix}", server_exit_code=None, log_tail=error.log_tail)
 
 
 def listen_addresses(options: ServeOptions, host: str, port: int) -> list[ListenAddress]:

@@ -183,6 +183,9 @@ def start_watch(attempt: Attempt, ui: ConsoleUI) -> CanaryWatch | None:
         store_url=options.store_url,
     )
     config.fingerprint = attempt.fingerprint_check  # the start-up smoke's key: the canary compares alike
+    from deploykit.canary.known_hangs import hang_ids, named_hangs
+
+    config.known_hangs = named_hangs(hang_ids(attempt.plan.advisories))
     watch = CanaryWatch(Canary(config), ui, options.canary_http)
     ui.say(
         f"canary: every {config.settings.every_s:g} s, rotation {', '.join(watch.canary.labels)}; "

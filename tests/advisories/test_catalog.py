@@ -92,6 +92,7 @@ def _entry(**changes: object) -> dict[str, object]:
         "id": "x",
         "title": "t",
         "symptom": "s",
+        "kind": "corruption",
         "references": [{"number": 1, "note": "n"}],
         "vllm": {"evidence": "e"},
         "action": {"kind": "workaround", "args": ["--enforce-eager"], "why": "w"},
@@ -109,6 +110,7 @@ def _entry(**changes: object) -> dict[str, object]:
         ({"action": {"kind": "workaround", "args": ["TRITON_ATTN"], "why": "w"}}, "must start with a flag"),
         ({"references": []}, "at least 1"),
         ({"when": {"gpu_archh": ["hopper"]}}, "Extra inputs"),
+        ({"kind": "slow"}, "'hang', 'corruption' or 'performance'"),
     ],
 )
 def test_the_schema_refuses_a_bad_entry(changes: dict[str, object], message: str) -> None:

@@ -49,6 +49,13 @@ MISTRAL3 = _profile(
 )
 NVFP4 = {"architectures": ["Qwen3ForCausalLM"], "torch_dtype": "bfloat16", "vocab_size": 151936}
 NVFP4["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "NVFP4"}
+GPT_OSS_MXFP4 = {
+    "architectures": ["GptOssForCausalLM"],
+    "torch_dtype": "bfloat16",
+    "vocab_size": 201088,
+    "quantization_config": {"quant_method": "mxfp4"},
+}
+MXFP4_EP_DP = ["--moe-backend", "flashinfer_cutlass", "--enable-expert-parallel", "--data-parallel-size", "2"]
 SPEC = ["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}']
 BATCH_INVARIANT = {"VLLM_BATCH_INVARIANT": "1"}
 AITER = {"VLLM_ROCM_USE_AITER": "1"}
@@ -146,8 +153,165 @@ NEW_CASES = [  # issue 35
     ),
 ]
 
+ISSUE_47_CASES = [  # hangs and silent corruption of vLLM 0.21-0.34
+    # Facts: tests/fixtures/hand-facts/b200-flashinfer-0.6.13.json (new, proposed in /tmp/adv-research/hand-
+    # facts/): the recorded B200 with vllm_version 0.25.1 and flashinfer_version 0.6.13 stated, as in vLLM
+    # 0.25.x's pin. Near miss: the existing b200-flashinfer-0.6.17 (FlashInfer past 0.6.14); the profile pins
+    # vLLM 0.25.1 in both.
+    Case(
+        "flashinfer-topk-sampler-hang",
+        "b200-flashinfer-0.6.13",
+        _profile("Qwen3ForCausalLM", version="0.25.1"),
+        "b200-flashinfer-0.6.17",  # FlashInfer 0.6.17 holds #3615 (first in 0.6.14)
+        _profile("Qwen3ForCausalLM", version="0.25.1"),
+        env={"VLLM_USE_FLASHINFER_SAMPLER": "0"},
+    ),
+    # Facts: the proposed hand-facts/b200-flashinfer-0.6.13.json (B200, vLLM 0.25.1, FlashInfer 0.6.13), see
+    # flashinfer-topk-sampler-hang.case.py. Near miss: the existing b200-flashinfer-0.6.17; the profile pins
+    # 0.25.1 in both.
+    Case(
+        "flashinfer-gdn-prefill-hang-sm100",
+        "b200-flashinfer-0.6.13",
+        _profile("Qwen3_5MoeForConditionalGeneration", version="0.25.1"),
+        "b200-flashinfer-0.6.17",  # FlashInfer past 0.6.14: holds flashinfer PR #3581
+        _profile("Qwen3_5MoeForConditionalGeneration", version="0.25.1"),
+        warned=True,
+    ),
+    # #52767 / #52805's shape: a Qwen3.5-family model with its MTP head and tool calling, vLLM 0.27.1.
+    Case(
+        "spec-decode-xgrammar-livelock",
+        "h100",
+        _profile(
+            "Qwen3_5ForConditionalGeneration",
+            version="0.27.1",
+            extra_args=[*SPEC, "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder"],
+        ),
+        "h100",
+        _profile("Qwen3_5ForConditionalGeneration", version="0.27.1", extra_args=SPEC),  # no tool calling
+        warned=True,
+    ),
+    # Facts: proposed hand-facts/a16-flashinfer-0.6.16.post3.json (one NVIDIA A16 GPU, CC 8.6, vLLM 0.27.1,
+    # FlashInfer 0.6.16.post3 stated, as in flashinfer #4544). Near miss: the recorded a100 (108 SMs);
+    # FlashInfer is unknown there (0.27.1 has no release table) but the GPU condition already fails, so the
+    # verdict is does_not_apply.
+    Case(
+        "flashinfer-topk-low-sm-hang",
+        "a16-flashinfer-0.6.16.post3",
+        _profile("Qwen3ForCausalLM", version="0.27.1"),
+        "a100",  # 108 SMs: every CTA group can be resident
+        _profile("Qwen3ForCausalLM", version="0.27.1"),
+        env={"VLLM_USE_FLASHINFER_SAMPLER": "0"},
+    ),
+    # #51396's shape: DeepSeek-V2-Lite (DeepseekV2ForCausalLM, a default-V2 architecture) on an RTX 5090 with
+    # --cpu-offload-gb 12, vLLM 0.25.1. Near miss: the same with serve.model_runner v1
+    # (VLLM_USE_V2_MODEL_RUNNER=0).
+    Case(
+        "v2-runner-cpu-offload-noop",
+        "rtx5090",
+        _profile("DeepseekV2ForCausalLM", version="0.25.1", extra_args=["--cpu-offload-gb", "12"]),
+        "rtx5090",
+        _profile(
+            "DeepseekV2ForCausalLM",
+            version="0.25.1",
+            model_runner="v1",
+            extra_args=["--cpu-offload-gb", "12"],
+        ),  # the V1 runner installs the offloader
+        warned=True,
+    ),
+    # DeepSeek-V4-Flash on 8x H100 (TP 8, FP8 KV as its fp8_ds_mla layout requires), default
+    # FULL_AND_PIECEWISE graphs, vLLM 0.27.1. Near miss: the same on 0.28.0, which reverts the adaptive C128A
+    # packing (#51318).
+    Case(
+        "dsv4-c128a-full-graph-stale-rows",
+        "h100x8",
+        _profile(
+            "DeepseekV4ForCausalLM",
+            version="0.27.1",
+            tensor_parallel_size=8,
+            extra_args=["--kv-cache-dtype", "fp8", "--block-size", "256"],
+        ),
+        "h100x8",
+        _profile(
+            "DeepseekV4ForCausalLM",
+            version="0.28.0",  # fixed_in: the revert is in the 0.28.0 wheel
+            tensor_parallel_size=8,
+            extra_args=["--kv-cache-dtype", "fp8", "--block-size", "256"],
+        ),
+        warned=True,
+    ),
+    # gpt-oss (MXFP4 MoE) on two B200 with --moe-backend flashinfer_cutlass, expert parallelism and DP 2
+    # (#42118's shape), vLLM 0.26.0. Near miss: the same without expert parallelism: no all-to-all dispatch,
+    # the scales are quantized straight into the swizzled layout (#49335).
+    Case(
+        "mxfp8-moe-ep-unswizzled-scales",
+        "b200-x2",
+        _profile("GptOssForCausalLM", version="0.26.0", extra_args=MXFP4_EP_DP),
+        "b200-x2",
+        _profile(
+            "GptOssForCausalLM",
+            version="0.26.0",
+            extra_args=[w for w in MXFP4_EP_DP if w != "--enable-expert-parallel"],
+        ),
+        warned=True,
+        config=GPT_OSS_MXFP4,
+        near_config=GPT_OSS_MXFP4,
+    ),
+    # #53894's shape: 2 nodes of 8x H100 (recorded h100x8 facts on each node), one TP 16 group across them,
+    # vLLM 0.28.0. Near miss: the same deployment on 0.29.0, the first release with #53253's gate (NCCL
+    # fallback before the rendezvous).
+    Case(
+        "cross-node-custom-ar-init-hang",
+        "h100x8",
+        {
+            **_profile("DeepseekV4ForCausalLM", version="0.28.0", tensor_parallel_size=16),
+            "deploy": {"nodes": 2},
+        },
+        "h100x8",
+        {
+            **_profile("DeepseekV4ForCausalLM", version="0.29.0", tensor_parallel_size=16),
+            "deploy": {"nodes": 2},
+        },
+        warned=True,
+    ),
+    # #57635's field report: 8x H100, TP 8 + EP 8, an FP8 MoE model, vLLM 0.28.x (nightly 0.28.1rc1). Near
+    # miss: the same on 0.33.0, which keeps one autotune file per rank and loads them only when all ranks
+    # match.
+    Case(
+        "flashinfer-autotune-cache-hang",
+        "h100x8",
+        _profile(
+            "Qwen3MoeForCausalLM",
+            version="0.28.0",
+            tensor_parallel_size=8,
+            extra_args=["--enable-expert-parallel"],
+        ),
+        "h100x8",
+        _profile(
+            "Qwen3MoeForCausalLM",
+            version="0.33.0",
+            tensor_parallel_size=8,
+            extra_args=["--enable-expert-parallel"],
+        ),
+        warned=True,
+    ),
+    # amd/skills #72's shape: openai/gpt-oss-120b (GptOssForCausalLM) on 8x MI350X/MI355X (gfx950) with
+    # VLLM_ROCM_USE_AITER=1, vLLM 0.23.0. Near miss: the same on 0.24.0, which carries PR #44893's GateMode fix.
+    # Needs the proposed hand-facts file tests/fixtures/hand-facts/mi355x-x8.json (platform rocm, gfx950).
+    Case(
+        "gpt-oss-aiter-moe-gfx950",
+        "mi355x-x8",  # hand-written: platform rocm, gfx950
+        _with_env(_profile("GptOssForCausalLM", version="0.23.0", tensor_parallel_size=8), AITER),
+        "mi355x-x8",
+        _with_env(
+            _profile("GptOssForCausalLM", version="0.24.0", tensor_parallel_size=8), AITER
+        ),  # fixed in 0.24.0
+        warned=True,
+    ),
+]
+
 CASES = [
     *NEW_CASES,
+    *ISSUE_47_CASES,
     Case(
         "flashinfer-sm120-mistral3",
         "rtx5090",
@@ -398,3 +562,19 @@ def test_a_fix_turned_off_is_recorded_and_warned_by_the_fix(plan_for: PlanFor) -
 
     assert _outcome(plan, "fp32-projection") == "fix_off"
     assert any("fix fp32_projection is turned off" in w for w in plan.warnings)
+
+
+def test_a_tensor_group_inside_a_node_is_not_the_cross_node_hang(plan_for: PlanFor) -> None:
+    """Pipeline parallelism across two nodes with TP 8 inside each builds no cross-node all-reduce: the
+    layout, not the node count, decides (tensor_parallel_spans_nodes)."""
+    layout = {"tensor_parallel_size": 8, "pipeline_parallel_size": 2}
+    pipeline = {**_profile("DeepseekV4ForCausalLM", version="0.28.0", **layout), "deploy": {"nodes": 2}}
+    across = {
+        **_profile("DeepseekV4ForCausalLM", version="0.28.0", tensor_parallel_size=16),
+        "deploy": {"nodes": 2},
+    }
+    verdicts = {}
+    for name, profile in (("pipeline", pipeline), ("across", across)):
+        plan = plan_for("h100x8", profile)
+        verdicts[name] = {v.id: v.status for v in plan.verdicts}["cross-node-custom-ar-init-hang"]
+    assert verdicts == {"pipeline": "does_not_apply", "across": "applies"}

@@ -173,3 +173,27 @@ def test_the_digest_follows_the_code_the_pod_runs_and_nothing_else(tmp_path: Pat
     # What it runs, changed: the canary's code.
     runner.write_text(reworded + "CHANGED = True\n")
     assert build_plugin_wheel(copy).sha256 != original.sha256
+
+
+def test_the_pods_catalog_judges_alike_without_the_prose_people_read() -> None:
+    """The pod's catalog drops each range's evidence and each thread's note (a third of the file, which the
+    Helm release cannot afford twice) and nothing a plan or the canary reads: every advisory, condition,
+    action, title and thread is the shipped catalog's."""
+    import yaml
+
+    from deploykit.advisories.catalog import SAFE_LOADER, _fix_advisories
+    from deploykit.advisories.schema import Catalog
+    from deploykit.paths import PACKAGE_DIR
+
+    with zipfile.ZipFile(io.BytesIO(build_plugin_wheel().data)) as archive:
+        pod_text = archive.read("deploykit/advisories/catalog.yaml").decode()
+    shipped_text = (PACKAGE_DIR / "advisories" / "catalog.yaml").read_text(encoding="utf-8")
+    pod = Catalog.model_validate(yaml.load(pod_text, Loader=SAFE_LOADER))
+    shipped = Catalog.model_validate(yaml.load(shipped_text, Loader=SAFE_LOADER))
+    assert len(pod_text) < 0.8 * len(shipped_text)
+    assert [a.id for a in pod.advisories] == [a.id for a in shipped.advisories]
+    for mine, theirs in zip(pod.advisories, shipped.advisories, strict=True):
+        assert mine.vllm.evidence == "" and all(r.note == "" for r in mine.references)
+        people_only = {"vllm": {"evidence"}, "references": {"__all__": {"note"}}}
+        assert mine.model_dump(exclude=people_only) == theirs.model_dump(exclude=people_only), mine.id
+    assert _fix_advisories()  # the fixes' entries come from their modules, in the pod as anywhere

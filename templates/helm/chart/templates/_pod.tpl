@@ -283,6 +283,11 @@ written to /run/deploykit/verdict.json for vLLM's probes. Same image as vLLM. In
     # a `misconfigured` verdict the probes ignore, tried again every run. An exiting sidecar
     # crash-loops and takes the pod out of the Service.
     - --keep-running
+    {{- range .Values.canary.knownHangs }}
+    # A hang advisory the plan matched: a `hung` verdict names it (deploykit advisories ID).
+    - --known-hang
+    - {{ . | quote }}
+    {{- end }}
     {{- if .Values.smokeTest.secretEnv }}
     # The key from the mounted Secret, read again before every run: a rotated key is picked up.
     - --api-key-file
