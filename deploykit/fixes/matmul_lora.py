@@ -58,9 +58,13 @@ ADVISORY: FixAdvisory = {
     ),
     "kind": "corruption",
     "references": [
-        {"number": 48590, "note": "lora_expand with block_n=128 outputs NaN on H20 (sm90)"},
+        {
+            "number": 48590,
+            "note": "lora_expand with block_n=128 outputs NaN on H20 (sm90); also a MoE hybrid-GDN model "
+            "(Qwen3.6-35B-A3B) on 0.26.0, cured by block_n=32",
+        },
         {"number": 47869, "note": "the fp32 shrink buffer sends lora_expand down a NaN path"},
-        {"number": 52568, "note": "Qwen3.5 + dynamic LoRA on H20: all '!' past ~400 tokens, still on 0.28"},
+        {"number": 52568, "note": "Qwen3.5 + dynamic LoRA on H20: all '!' past ~400 tokens, still on 0.28.0"},
         {"number": 48638, "kind": "pr", "note": "block_n=32 on Hopper; open"},
     ],
     "vllm": {"evidence": "no merged fix (#48638 and the #47869 proposal are open)"},
