@@ -4,6 +4,7 @@ imported inside the commands, so `probe`, `plan` and `render` never import torch
 from __future__ import annotations
 
 import functools
+import importlib
 import gc
 import sys
 from collections.abc import Sequence
@@ -13,7 +14,6 @@ import typer
 from typer.core import TyperGroup
 
 from deploykit import exit_codes
-from deploykit.cli import advisories, canary, fixes, gate, plan, probe, profiles, render, serve, trace
 from deploykit.errors import DeploykitError, UsageError
 from deploykit.untrusted_text import terminal_text
 
@@ -97,8 +97,18 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 # Registration order is the order `deploykit --help` lists the commands in (groups after commands).
-for group in (profiles, probe, plan, advisories, fixes, serve, gate, render, canary, trace):
-    group.register(app)
+COMMAND_MODULES = ("profiles", "probe", "plan", "advisories", "fixes", "serve", "gate", "render", "addon")
+COMMAND_MODULES += ("canary", "trace")
+# The pod's plugin wheel leaves out the commands nothing in a pod runs (deploykit.render.plugin_wheel
+# POD_LEFT_OUT_COMMANDS, for the wheel's size cap): without their module, the command is not there.
+for name in COMMAND_MODULES:
+    try:
+        module = importlib.import_module(f"deploykit.cli.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"deploykit.cli.{name}":
+            raise
+        continue
+    module.register(app)
 
 
 @functools.cache

@@ -57,7 +57,12 @@ POD_DATA: tuple[str, ...] = ()
 _POD_CATALOG = "advisories/catalog.yaml"
 _POD_RENDER_MODULES = {"__init__.py", "pod_probe.py", "pod_restarts.py", "canary_keeper.py"}
 _LEFT_OUT_PACKAGES = {"trace"}
+# Commands nothing in a pod runs (the pod plans, smokes, canaries, gates and probes; it never renders,
+# traces, lists profiles or judges a catalog for a person): their CLI modules stay out, and deploykit.cli.app
+# registers what is there. About 40 KB of the wheel's cap.
+POD_LEFT_OUT_COMMANDS = ("render", "trace", "addon", "advisories", "profiles")
 _LEFT_OUT_MODULES = {
+    *(("cli", f"{name}.py") for name in POD_LEFT_OUT_COMMANDS),
     ("serve", "attempt.py"),  # `deploykit serve` launches vLLM: never in the pod
     ("serve", "watch.py"),
     ("gate", "launch.py"),  # `deploykit gate --launch` starts vLLM: a pod gates running servers (`--url`)
