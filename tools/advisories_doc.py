@@ -18,10 +18,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from deploykit import exit_codes
 from deploykit.advisories import advisories as catalog_advisories
 from deploykit.advisories.schema import ADVISORY_KINDS, Action, Advisory, Conditions
 from deploykit.fixes import FIX_MODULES
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/, when run as a script or imported
+from generated_section import between_markers, rewrite_or_check
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "advisories.md"
 BEGIN = "<!-- advisories: generated from the catalog by tools/advisories_doc.py; do not edit -->"
@@ -216,24 +218,13 @@ def generated(advisories: Sequence[Advisory]) -> str:
 def with_pages(text: str, advisories: Sequence[Advisory] | None = None) -> str:
     """The document with the text between the markers replaced by the sections generated from
     `advisories` (default: the shipped catalog)."""
-    head, begin, rest = text.partition(BEGIN)
-    _, end, tail = rest.partition(END)
-    if not begin or not end:
-        raise ValueError(f"{DOC}: the generated part's markers are missing ({BEGIN} ... {END})")
     entries = catalog_advisories() if advisories is None else advisories
-    return f"{head}{BEGIN}\n\n{generated(entries)}\n\n{END}{tail}"
+    return between_markers(text, BEGIN, END, f"\n\n{generated(entries)}\n\n", DOC)
 
 
 def main(args: list[str]) -> int:
-    text = DOC.read_text(encoding="utf-8")
-    wanted = with_pages(text)
-    if "--check" in args:
-        if wanted != text:
-            print(f"{DOC}: the advisories differ from the catalog; run python tools/advisories_doc.py")
-            return exit_codes.FAILED
-        return exit_codes.OK
-    DOC.write_text(wanted, encoding="utf-8")
-    return exit_codes.OK
+    drift = "the advisories differ from the catalog; run python tools/advisories_doc.py"
+    return rewrite_or_check(DOC, with_pages, drift, args)
 
 
 if __name__ == "__main__":

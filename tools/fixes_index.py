@@ -12,8 +12,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from deploykit import exit_codes
 from deploykit.fixes import FIX_NAMES, load_fix
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/, when run as a script or imported
+from generated_section import between_markers, rewrite_or_check
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "fixes.md"
 BEGIN = "<!-- fix index: generated from deploykit/fixes by tools/fixes_index.py; do not edit -->"
@@ -36,23 +38,12 @@ def index_table() -> str:
 
 def with_index(text: str) -> str:
     """The document with the text between the markers replaced by the generated index."""
-    head, begin, rest = text.partition(BEGIN)
-    _, end, tail = rest.partition(END)
-    if not begin or not end:
-        raise ValueError(f"{DOC}: the index markers are missing ({BEGIN} ... {END})")
-    return f"{head}{BEGIN}\n{index_table()}\n{END}{tail}"
+    return between_markers(text, BEGIN, END, f"\n{index_table()}\n", DOC)
 
 
 def main(args: list[str]) -> int:
-    text = DOC.read_text(encoding="utf-8")
-    wanted = with_index(text)
-    if "--check" in args:
-        if wanted != text:
-            print(f"{DOC}: the fix index differs from the registry; run python tools/fixes_index.py")
-            return exit_codes.FAILED
-        return exit_codes.OK
-    DOC.write_text(wanted, encoding="utf-8")
-    return exit_codes.OK
+    drift = "the fix index differs from the registry; run python tools/fixes_index.py"
+    return rewrite_or_check(DOC, with_index, drift, args)
 
 
 if __name__ == "__main__":

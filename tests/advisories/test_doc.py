@@ -81,7 +81,8 @@ def test_the_check_fails_on_a_modified_copy_of_the_catalog_until_the_tool_runs(t
     root = tmp_path / "repo"
     shutil.copytree(REPO / "deploykit", root / "deploykit", ignore=shutil.ignore_patterns("__pycache__"))
     (root / "tools").mkdir()
-    shutil.copy(REPO / "tools" / "advisories_doc.py", root / "tools" / "advisories_doc.py")
+    for tool in ("advisories_doc.py", "generated_section.py"):
+        shutil.copy(REPO / "tools" / tool, root / "tools" / tool)
     (root / "docs").mkdir()
     shutil.copy(advisories_doc.DOC, root / "docs" / "advisories.md")
     shutil.copytree(REPO / "docs" / "fixes", root / "docs" / "fixes")

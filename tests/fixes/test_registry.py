@@ -22,7 +22,8 @@ from tools import fixes_index
 REPO = Path(__file__).resolve().parents[2]
 PROFILE = "name: x\nplatform: cpu\nmodel: {source: /m}\n"
 # Copied unchanged into the copy: a new fix edits none of them.
-TOOLS_READING_THE_REGISTRY = ("fixes_index.py", "vllm_release.py", "vllm_tables.py", "vllm_tier.py")
+TOOLS_READING_THE_REGISTRY = ("fixes_index.py", "generated_section.py", "vllm_release.py", "vllm_tables.py")
+TOOLS_READING_THE_REGISTRY += ("vllm_tier.py",)
 
 THROWAWAY_FIX = textwrap.dedent(
     '''
