@@ -4,8 +4,8 @@ imported inside the commands, so `probe`, `plan` and `render` never import torch
 from __future__ import annotations
 
 import functools
-import importlib
 import gc
+import importlib
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -97,8 +97,17 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 # Registration order is the order `deploykit --help` lists the commands in (groups after commands).
-COMMAND_MODULES = ("profiles", "probe", "plan", "advisories", "fixes", "serve", "gate", "render", "addon")
-COMMAND_MODULES += ("canary", "trace")
+COMMAND_MODULES: tuple[str, ...] = (
+    "profiles",
+    "probe",
+    "plan",
+    "advisories",
+    "fixes",
+    "serve",
+    "gate",
+    "render",
+)
+COMMAND_MODULES += ("addon", "canary", "trace")
 # The pod's plugin wheel leaves out the commands nothing in a pod runs (deploykit.render.plugin_wheel
 # POD_LEFT_OUT_COMMANDS, for the wheel's size cap): without their module, the command is not there.
 for name in COMMAND_MODULES:

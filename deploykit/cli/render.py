@@ -128,13 +128,59 @@ def render_helm(
     facts: FactsOption = None,
     fix: FixOption = None,
     force: ForceOption = False,
+    kube_version: Annotated[
+        str | None,
+        typer.Option(
+            "--kube-version",
+            metavar="1.N",
+            help="The cluster's Kubernetes (MAJOR.MINOR): the Pod Security and image-volume warnings are "
+            "judged for it (default: 1.28, the oldest the chart supports).",
+        ),
+    ] = None,
 ) -> None:
     """A Helm chart (apiVersion v2): Deployment, Service, profile ConfigMap and a smoke test hook."""
+    from deploykit.cli.options import fail
     from deploykit.render.helm import render_helm as render
+    from deploykit.render.pod_security import OLDEST_KUBERNETES, parse_kube_version
 
-    _render("helm", profile, out, facts, fix, render, force)
+    try:
+        target = OLDEST_KUBERNETES if kube_version is None else parse_kube_version(kube_version)
+    except ValueError as exc:
+        fail(f"render helm: {exc}")
+
+    def render_chart(plan: Plan, loaded: LoadedProfile) -> RenderResult:
+        return render(plan, loaded, target)
+
+    _render("helm", profile, out, facts, fix, render_chart, force)
 
 
 def register(app: typer.Typer) -> None:
     """Add the render commands to the app."""
     app.add_typer(render_app, name="render")
+
+
+@render_app.command("probe-job")
+def render_probe_job(
+    out: OutOption,
+    image: Annotated[str, typer.Option(help="The vLLM image to run, tagged: the facts name its vLLM.")],
+    node: Annotated[str | None, typer.Option(help="The node to probe (default: any).")] = None,
+    node_selector: Annotated[
+        list[str] | None, typer.Option(metavar="KEY=VALUE", help="Nodes with this label only.")
+    ] = None,
+    gpus: Annotated[int, typer.Option(help="GPUs to ask for: the pod sees only those.")] = 1,
+    name: Annotated[str | None, typer.Option(help="The Job's name.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite a changed file in --out.")] = False,
+) -> None:
+    """A Job that runs `deploykit probe` on a GPU node: its log is the facts (docs/probe.md)."""
+    from deploykit.cli.options import fail
+    from deploykit.render.common import RenderError, write_files
+    from deploykit.render.probe_job import probe_job
+    from deploykit.render.probe_job import render_probe_job as render
+
+    try:
+        job = probe_job(image, gpus=gpus, node=node, node_selector=node_selector, name=name)
+        done = write_files(render(job), out, force=force)
+    except RenderError as exc:
+        fail(f"render probe-job: {exc}")
+    for path in done.written:
+        typer.echo(str(path))

@@ -41,6 +41,7 @@ from deploykit.plan.requirements import check_requirements
 from deploykit.plan.validate import validate_plan as validate_plan
 from deploykit.plan.validate import validated_elsewhere_warning as validated_elsewhere_warning
 from deploykit.probe.facts import ProbeFacts
+from deploykit.profile.revisions import revision_warnings
 from deploykit.profile.schema import FixMode, LoadedProfile, Profile
 from deploykit.vllm_compat import is_cpu_build, runner_choice_problem
 
@@ -136,6 +137,7 @@ def make_plan(
     env, secrets = build_env(profile, enabled, inputs.vllm_version, model_path)
     errors += removed_name_errors(loaded, inputs.vllm_version)
     warnings += removed_env_warnings(env, inputs.vllm_version, given=profile.env)
+    warnings += revision_warnings(loaded)
     argv = build_argv(profile, model_path, enabled, inputs)
     advice = plan_advice(profile, facts, inputs, (argv, env), decisions, runner, layout)
     plan = Plan(

@@ -8,6 +8,7 @@ with vLLM's node flags (`.Values.group`, deploykit.render.group_chart). The char
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from pathlib import Path
@@ -31,8 +32,14 @@ from deploykit.render.common import (
 )
 from deploykit.render.gate import FACTS_FILE, facts_json, gate_values
 from deploykit.render.group_chart import checked_group, group_values
-from deploykit.render.model_source import model_values
+from deploykit.render.model_source import (
+    DOWNLOAD_PROGRAM,
+    HUB_VOLUME_SIZE,
+    download_program,
+    model_values,
+)
 from deploykit.render.plugin_wheel import PluginWheel, build_plugin_wheel
+from deploykit.render.pod_security import OLDEST_KUBERNETES, KubeVersion, chart_exceptions
 from deploykit.vllm_removed import CHART_FILE as REMOVED_ENV_FILE
 from deploykit.vllm_removed import chart_json as removed_env_json
 
@@ -40,7 +47,9 @@ if TYPE_CHECKING:
     from deploykit.plan import Plan
     from deploykit.profile.schema import LoadedProfile
 
+# The chart's version is this base with SemVer 2 build metadata naming what was rendered (chart_version).
 CHART_VERSION = "0.1.0"
+CHART_DIGEST_HEX = 12
 GPU_RESOURCE = "nvidia.com/gpu"
 # GPU Feature Discovery (NVIDIA k8s-device-plugin) node labels.
 LABEL_CC_MAJOR = "nvidia.com/gpu.compute.major"
@@ -324,28 +333,38 @@ def chart_values(plan: Plan, loaded: LoadedProfile, wheel: PluginWheel) -> tuple
         "secretEnv": {key: key for key in plan.secret_env},
         "secretName": f"{name}-secrets",
         "port": profile.serve.port,
-        "service": {"type": "ClusterIP", "port": profile.serve.port},
+        "service": {"type": "ClusterIP", "port": profile.serve.port, "annotations": {}},
         "resources": resources,
         "model": model,
         "extraVolumes": [],
         "extraVolumeMounts": [],
         "initContainers": [],
+        # Platform fields (docs/deploy.md, Extension points): each where Kubernetes expects it.
+        "topologySpreadConstraints": [],
+        "terminationGracePeriodSeconds": None,  # Kubernetes' own (30 s)
+        "envFrom": [],
+        "extraObjects": [],
         "enableServiceLinks": False,
         "shm": {
             "enabled": True,
             "sizeLimit": SHM_TP if count > 1 else SHM_SINGLE,
         },
+        # A model from the hub lands in the cache: on a claim ("auto": while the release is one pod) it is
+        # fetched once, not at every pod start; otherwise an emptyDir of sizeLimit (templates/_pod.tpl).
         "cache": {
             "path": cache_path,
             "existingClaim": "",
             "persistence": {
-                "enabled": False,
-                "size": "100Gi",
+                "enabled": False if model["offline"] else "auto",
+                "size": HUB_VOLUME_SIZE,
                 "storageClassName": "",
                 "accessModes": ["ReadWriteOnce"],
             },
+            "sizeLimit": HUB_VOLUME_SIZE,
         },
         "gpuNodeSelectorTerms": terms,
+        # gfd: the terms above (GPU Feature Discovery's labels); none: the user's own placement only.
+        "gpuNodeSelection": "gfd",
         "affinity": {},
         "nodeSelector": {},
         "gpuTolerations": (
@@ -425,7 +444,25 @@ def chart_files(root: Path) -> list[RenderedFile]:
     return files
 
 
-def render_helm(plan: Plan, loaded: LoadedProfile) -> RenderResult:
+def chart_version(files: list[RenderedFile]) -> str:
+    """`CHART_VERSION+<digest>`: SemVer 2 build metadata naming the rendered chart (every file, Chart.yaml
+    with its version bare), so tools that cache a chart by its version (Flux's default ChartVersion
+    strategy, chart repositories, Argo CD's repo server) see each new render and the same render is the same
+    version. Build metadata has no precedence, as renders have no order; helm turns `+` into `_` in an OCI
+    tag and back, and the labels carry it as `_` (deploykit.chartLabel). docs/deploy.md, GitOps."""
+    digest = hashlib.sha256()
+    for item in sorted(files, key=lambda f: f.path):
+        data = item.content.encode() if isinstance(item.content, str) else item.content
+        digest.update(b"%s\0%d\0" % (item.path.encode(), len(data)))
+        digest.update(data)
+    return f"{CHART_VERSION}+{digest.hexdigest()[:CHART_DIGEST_HEX]}"
+
+
+def render_helm(
+    plan: Plan, loaded: LoadedProfile, kube_version: KubeVersion = OLDEST_KUBERNETES
+) -> RenderResult:
+    """The chart; its warnings name each value that takes the pod out of Pod Security "restricted" on
+    Kubernetes `kube_version` (deploykit.render.pod_security)."""
     from deploykit import __version__
 
     profile = loaded.profile
@@ -438,6 +475,7 @@ def render_helm(plan: Plan, loaded: LoadedProfile) -> RenderResult:
         )
     wheel = build_plugin_wheel()
     values, warnings = chart_values(plan, loaded, wheel)
+    warnings += chart_exceptions(values, kube_version)
     chart_name = kubernetes_name(profile.name)
     context = {
         "deploykit_version": __version__,
@@ -462,12 +500,21 @@ def render_helm(plan: Plan, loaded: LoadedProfile) -> RenderResult:
         *chart_files(template_root() / "helm" / "chart"),
         RenderedFile(path=f"{CHART_FILES_DIR}/{wheel.filename}", content=wheel.data),
         *monitoring_files(),
+        # The download init container's program (templates/_helpers.tpl, deploykit.modelDownload).
+        RenderedFile(path=f"{CHART_FILES_DIR}/{DOWNLOAD_PROGRAM}", content=download_program()),
         # The facts the chart was rendered from: the gate's --facts (templates/configmap-gate.yaml).
         RenderedFile(path=f"{CHART_FILES_DIR}/{FACTS_FILE}", content=facts_json(plan)),
         # The variables the chart's vLLM no longer reads: templates/_removed_env.tpl refuses them in extraEnv.
         RenderedFile(
             path=f"{CHART_FILES_DIR}/{REMOVED_ENV_FILE}", content=removed_env_json(plan.vllm_version)
         ),
+    ]
+    # Chart.yaml again, its version naming every file above (chart_version): keep this after the last one.
+    chart_yaml = jinja.get_template("helm/Chart.yaml.j2")
+    versioned = chart_yaml.render({**context, "chart_version": chart_version(files)})
+    files = [
+        item.model_copy(update={"content": versioned}) if item.path == "Chart.yaml" else item
+        for item in files
     ]
     # The chart is a directory named after it, as `helm create` makes it.
     files = [item.model_copy(update={"path": f"{chart_name}/{item.path}"}) for item in files]

@@ -7,10 +7,17 @@ volume holds would make vLLM crash-loop at start-up (static adapters are loaded 
 it. When every path is local the pod runs with the hub switched off (`HF_HUB_OFFLINE`,
 `TRANSFORMERS_OFFLINE`): a cluster without egress never waits on a hub it cannot reach. The rule is the plan's
 (deploykit.plan.hub_sources), whose env carries the same variables to serve and the systemd unit.
+
+A `download` volume should name a commit: a branch or tag (or no revision: `main`) moves, and two pods of one
+chart could start on different weights. The plan warns (deploykit.profile.revisions), located in the
+profile, rather than refusing: nothing here asks the hub, so it cannot offer the commit, and a moving
+revision is fine for a first try. The init
+container runs deploykit.render.model_download, which the chart carries under files/.
 """
 
 from __future__ import annotations
 
+from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from deploykit.profile.schema import ModelVolume, covering_volume
@@ -19,6 +26,12 @@ from deploykit.render.common import RenderError
 if TYPE_CHECKING:
     from deploykit.plan import Plan
     from deploykit.profile.schema import LoadedProfile
+
+
+# A volume a hub model lands in (the cache; a download's scratch volume): the biggest shipped model
+# (qwen-lora-hopper's 27B in bf16, ~56 GB) and vLLM's compile caches, with room to spare. Values:
+# cache.persistence.size, cache.sizeLimit.
+HUB_VOLUME_SIZE = "100Gi"
 
 
 def _is_local(path: str) -> bool:
@@ -35,7 +48,7 @@ def _volume_source(volume: ModelVolume) -> dict[str, Any]:
         return {"image": {"reference": volume.image, "pullPolicy": "IfNotPresent"}}
     if volume.claim:  # download into a claim of the user's: kept across pod restarts
         return {"persistentVolumeClaim": {"claimName": volume.claim}}
-    return {"emptyDir": {}}
+    return {"emptyDir": {"sizeLimit": HUB_VOLUME_SIZE}}  # filled at every pod start; sized like the cache
 
 
 def _volume_values(index: int, volume: ModelVolume) -> dict[str, Any]:
@@ -49,6 +62,14 @@ def _volume_values(index: int, volume: ModelVolume) -> dict[str, Any]:
     if volume.kind == "download":
         entry["download"] = {"repo": volume.repo, "revision": volume.revision or ""}
     return entry
+
+
+DOWNLOAD_PROGRAM = "model_download.py"  # under the chart's files/: templates/_helpers.tpl reads it
+
+
+def download_program() -> str:
+    """The download init container's program: deploykit.render.model_download's text, run as `python3 -c`."""
+    return resources.files("deploykit.render").joinpath("model_download.py").read_text(encoding="utf-8")
 
 
 def required_paths(plan: Plan, loaded: LoadedProfile) -> list[tuple[str, str]]:
@@ -78,12 +99,20 @@ def model_values(plan: Plan, loaded: LoadedProfile) -> tuple[dict[str, Any], lis
             )
     from deploykit.plan import hub_sources
 
-    warnings = []
+    warnings: list[str] = []  # a moving download revision: the plan's warning (profile.revisions)
     hub = hub_sources(profile, plan.argv[2])  # the plan's rule: it runs offline when this is empty
     for field, name in hub:
         warnings.append(
             f"{field} {name} is fetched from the Hugging Face hub at every pod start: the cluster must reach "
             "it; to run without egress stage it on a volume (model.volumes) and give its local path"
+        )
+    if hub:
+        warnings.append(
+            "the hub cache (values cache) is a PersistentVolumeClaim of cache.persistence.size while the "
+            "release is one pod, so a new pod does not fetch the model again: the cluster needs a default "
+            "StorageClass "
+            "(or set cache.persistence.storageClassName), else the pod stays Pending; "
+            "cache.persistence.enabled=false gives an emptyDir of cache.sizeLimit, filled at every pod start"
         )
     values = {
         "offline": not hub,

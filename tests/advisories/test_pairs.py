@@ -295,8 +295,8 @@ ISSUE_47_CASES = [  # hangs and silent corruption of vLLM 0.21-0.34
         warned=True,
     ),
     # amd/skills #72's shape: openai/gpt-oss-120b (GptOssForCausalLM) on 8x MI350X/MI355X (gfx950) with
-    # VLLM_ROCM_USE_AITER=1, vLLM 0.23.0. Near miss: the same on 0.24.0, which carries PR #44893's GateMode fix.
-    # Needs the proposed hand-facts file tests/fixtures/hand-facts/mi355x-x8.json (platform rocm, gfx950).
+    # VLLM_ROCM_USE_AITER=1, vLLM 0.23.0. Near miss: the same on 0.24.0, which carries PR #44893's fix.
+    # Facts: tests/fixtures/hand-facts/mi355x-x8.json (platform rocm, gfx950).
     Case(
         "gpt-oss-aiter-moe-gfx950",
         "mi355x-x8",  # hand-written: platform rocm, gfx950

@@ -33,7 +33,9 @@ def test_a_command_module_left_out_of_the_wheel_is_just_not_listed() -> None:
     left_out = [f"deploykit.cli.{name}" for name in POD_LEFT_OUT_COMMANDS]
     done = _help_without(left_out, None)
     assert done.returncode == 0, done.stderr
-    commands = {line.split()[0] for line in done.stdout.splitlines() if line.startswith("  ") and line.split()}
+    commands = {
+        line.split()[0] for line in done.stdout.splitlines() if line.startswith("  ") and line.split()
+    }
     assert not commands & set(POD_LEFT_OUT_COMMANDS)
     assert {"canary", "smoke", "gate", "probe", "plan"} <= commands  # what a pod runs
 

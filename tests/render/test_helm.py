@@ -235,7 +235,7 @@ def test_helm_template_output_validates_against_kubernetes_schemas(
     for doc in all_manifests(charts):
         kubernetes_validate.validate(doc, version, strict=True)
         kinds.add(doc["kind"])
-    assert kinds == {"Deployment", "Service", "ConfigMap", "Pod"}
+    assert kinds == {"Deployment", "Service", "ConfigMap", "Pod", "PersistentVolumeClaim"}  # the hub cache
 
 
 def test_existing_claim_mounts_the_cache_volume(charts: dict[str, Chart]) -> None:

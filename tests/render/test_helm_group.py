@@ -446,6 +446,6 @@ def test_a_single_node_chart_has_no_group(tmp_path: Path) -> None:
     chart = render_chart(profile, FACTS_DIR / "h100x8.json", tmp_path / "out")
     assert "group" not in chart.values
     kinds = sorted(d["kind"] for d in chart.manifests)
-    assert kinds == ["ConfigMap", "ConfigMap", "Deployment", "Pod", "Service"]
+    assert kinds == ["ConfigMap", "ConfigMap", "Deployment", "PersistentVolumeClaim", "Pod", "Service"]
     (service,) = [d for d in chart.manifests if d["kind"] == "Service"]
     assert LEADER_LABEL not in service["spec"]["selector"]

@@ -148,7 +148,7 @@ def test_monitors_scrape_vllm_and_the_canary(platform_docs: list[dict[str, Any]]
 
 def test_off_by_default(charts: dict[str, Chart]) -> None:
     kinds = {d["kind"] for d in charts["turing"].manifests}
-    assert kinds == {"Deployment", "Service", "ConfigMap", "Pod"}
+    assert kinds == {"Deployment", "Service", "ConfigMap", "Pod", "PersistentVolumeClaim"}  # the hub cache
 
 
 def test_a_budget_of_its_own_is_refused(charts: dict[str, Chart]) -> None:

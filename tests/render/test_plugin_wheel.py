@@ -40,7 +40,7 @@ def test_the_wheel_holds_the_package_its_data_and_its_entry_point() -> None:
             "deploykit/trace/run.py",
             "deploykit/serve/attempt.py",
             "deploykit/serve/watch.py",
-            # Commands nothing in a pod runs: deploykit.cli.app registers the commands whose modules are there.
+            # Commands nothing in a pod runs (deploykit.cli.app registers the modules that are there).
             "deploykit/cli/render.py",
             "deploykit/cli/trace.py",
             "deploykit/cli/addon.py",

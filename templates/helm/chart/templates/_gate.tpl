@@ -10,7 +10,7 @@ app.kubernetes.io/name: {{ .Chart.Name }}-gate
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: gate
 app.kubernetes.io/managed-by: {{ .Release.Service }}
-helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
+helm.sh/chart: {{ include "deploykit.chartLabel" . }}
 {{- end -}}
 
 {{/* A word for a container's command or args: Kubernetes expands $(NAME) there and reduces $$ to $, so

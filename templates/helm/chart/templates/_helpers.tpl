@@ -10,13 +10,21 @@ app.kubernetes.io/name: {{ .Chart.Name }}-smoke-test
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: smoke-test
 app.kubernetes.io/managed-by: {{ .Release.Service }}
-helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
+helm.sh/chart: {{ include "deploykit.chartLabel" . }}
 {{- end -}}
 
 {{- define "deploykit.labels" -}}
 {{ include "deploykit.selectorLabels" . }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
-helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
+helm.sh/chart: {{ include "deploykit.chartLabel" . }}
+{{- end -}}
+
+{{/* The chart and its version as a label value: the version's build metadata (`+<digest>`,
+deploykit.render.helm.chart_version) as `_`, as helm writes it in an OCI tag; at most 63 characters, ending
+alphanumeric. Never in a pod template: a new chart version alone rolls no pod (docs/deploy.md, GitOps). */}}
+{{- define "deploykit.chartLabel" -}}
+{{- $label := printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 -}}
+{{- regexReplaceAll "[-._]+$" $label "" -}}
 {{- end -}}
 
 {{/* The vLLM image; its tag is the vLLM version the plan targeted (values.yaml says which). */}}
@@ -165,6 +173,10 @@ affinity (Kubernetes ORs terms, so each user term is combined with each GPU term
 {{- define "deploykit.affinity" -}}
 {{- $affinity := deepCopy (.Values.affinity | default dict) -}}
 {{- $gpuTerms := .Values.gpuNodeSelectorTerms | default list -}}
+{{- if eq .Values.gpuNodeSelection "none" -}}
+{{- include "deploykit.checkOwnPlacement" . -}}
+{{- $gpuTerms = list -}}
+{{- end -}}
 {{- if $gpuTerms -}}
 {{- $node := get $affinity "nodeAffinity" | default dict -}}
 {{- $required := get $node "requiredDuringSchedulingIgnoredDuringExecution" | default dict -}}
@@ -186,6 +198,31 @@ affinity (Kubernetes ORs terms, so each user term is combined with each GPU term
 {{- $_ := set $affinity "nodeAffinity" $node -}}
 {{- end -}}
 {{- if $affinity -}}{{ toYaml $affinity }}{{- end -}}
+{{- end -}}
+
+{{/* gpuNodeSelection none drops the GPU Feature Discovery terms: the user's nodeSelector or required node
+affinity must then keep the pod on the GPU the chart was rendered for, or it lands on any GPU node (and its
+fixes were decided for another compute capability). A chart without GPU terms (a CPU plan) has nothing to keep. */}}
+{{- define "deploykit.checkOwnPlacement" -}}
+{{- $required := dig "nodeAffinity" "requiredDuringSchedulingIgnoredDuringExecution" "nodeSelectorTerms" list (.Values.affinity | default dict) -}}
+{{- if and .Values.gpuNodeSelectorTerms (not .Values.nodeSelector) (not $required) -}}
+{{- fail "gpuNodeSelection none: set nodeSelector or a required node affinity (affinity.nodeAffinity) that picks only nodes with the GPU this chart was rendered for; without GPU Feature Discovery's labels nothing else keeps the pod off other GPUs" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* topologySpreadConstraints as given; an item without labelSelector gets the release's selector labels (a
+constraint whose selector matches no pod spreads nothing). */}}
+{{- define "deploykit.topologySpread" -}}
+{{- $root := . -}}
+{{- $constraints := list -}}
+{{- range .Values.topologySpreadConstraints -}}
+{{- $constraint := deepCopy . -}}
+{{- if not (hasKey $constraint "labelSelector") -}}
+{{- $_ := set $constraint "labelSelector" (dict "matchLabels" (include "deploykit.selectorLabels" $root | fromYaml)) -}}
+{{- end -}}
+{{- $constraints = append $constraints $constraint -}}
+{{- end -}}
+{{- with $constraints }}{{ toYaml . }}{{ end -}}
 {{- end -}}
 
 {{/* vLLM's readiness or liveness with the canary on: an exec probe in the vLLM container that asks vLLM's
@@ -232,24 +269,30 @@ one of model.volumes or extraVolumeMounts. Otherwise vLLM crash-loops, so the ch
 
 {{/* A `download` model volume: an init container of the vLLM image fetches the repository into it from the
 hub (clusters with egress only; never by default). The token, when the release has one, comes from the
-Secret; the names travel as environment variables, never through a shell. */}}
+Secret; the names travel as environment variables, never through a shell. Its program
+(files/model_download.py: deploykit.render.model_download, run by the image's python) exits non-zero unless
+every file of the commit is there at its size: without the hub, only a complete earlier download passes, so
+vLLM never starts on a partial snapshot. */}}
 {{- define "deploykit.modelDownload" -}}
 {{- $root := . -}}
 {{- range .Values.model.volumes }}
 {{- if .download }}
+{{- $program := $root.Files.Get "files/model_download.py" }}
+{{- if not $program }}
+{{- fail "files/model_download.py is missing from the chart: render it again with deploykit render helm" }}
+{{- end }}
 - name: {{ printf "download-%s" .name | quote }}
   image: {{ include "deploykit.vllmImage" $root | quote }}
   imagePullPolicy: {{ $root.Values.image.pullPolicy | quote }}
   command:
     - python3
     - -c
-    - >-
-      import os; from huggingface_hub import snapshot_download;
-      snapshot_download(repo_id=os.environ["DEPLOYKIT_MODEL_REPO"],
-      revision=os.environ["DEPLOYKIT_MODEL_REVISION"] or None, local_dir=os.environ["DEPLOYKIT_MODEL_DIR"])
+    - {{ $program | toJson }}
   env:
     - name: NVIDIA_VISIBLE_DEVICES
       value: void
+    - name: HF_HUB_DISABLE_PROGRESS_BARS
+      value: "1"
     - name: HOME
       value: /tmp
     - name: HF_HOME

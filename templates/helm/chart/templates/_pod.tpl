@@ -25,6 +25,9 @@ priorityClassName: {{ . | quote }}
 {{- with $root.Values.runtimeClassName }}
 runtimeClassName: {{ . | quote }}
 {{- end }}
+{{- if not (kindIs "invalid" $root.Values.terminationGracePeriodSeconds) }}
+terminationGracePeriodSeconds: {{ int64 $root.Values.terminationGracePeriodSeconds }}
+{{- end }}
 {{- with $root.Values.podSecurityContext }}
 securityContext:
   {{- toYaml . | nindent 2 }}
@@ -40,6 +43,10 @@ affinity:
 {{- with concat $root.Values.gpuTolerations $root.Values.tolerations }}
 tolerations:
   {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with include "deploykit.topologySpread" $root }}
+topologySpreadConstraints:
+  {{- . | nindent 2 }}
 {{- end }}
 {{- $init := printf "%s\n%s" (include "deploykit.pluginInstall" $root) (include "deploykit.modelDownload" $root) | trim }}
 {{- $wait := "" }}
@@ -111,6 +118,11 @@ containers:
       {{- with $root.Values.extraEnv }}
       {{- toYaml . | nindent 6 }}
       {{- end }}
+    {{- with $root.Values.envFrom }}
+    # Whole ConfigMaps and Secrets as variables; a variable set in env above wins over one of the same name.
+    envFrom:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
     {{- if $serves }}
     ports:
       - name: http
@@ -221,14 +233,13 @@ volumes:
   - name: home
     emptyDir: {}
   - name: cache
-    {{- if $root.Values.cache.existingClaim }}
+    {{- with include "deploykit.cacheClaim" $root }}
     persistentVolumeClaim:
-      claimName: {{ $root.Values.cache.existingClaim | quote }}
-    {{- else if $root.Values.cache.persistence.enabled }}
-    persistentVolumeClaim:
-      claimName: {{ $root.Release.Name }}-cache
+      claimName: {{ . | quote }}
     {{- else }}
-    emptyDir: {}
+    # Sized: a hub model filling it evicts this pod, never the node's other pods.
+    emptyDir:
+      sizeLimit: {{ $root.Values.cache.sizeLimit | quote }}
     {{- end }}
   {{- if $root.Values.shm.enabled }}
   - name: dshm
@@ -236,6 +247,28 @@ volumes:
       medium: Memory
       sizeLimit: {{ $root.Values.shm.sizeLimit | quote }}
   {{- end }}
+{{- end -}}
+
+{{/* The claim the cache volume mounts (HF_HOME, VLLM_CACHE_ROOT: a hub model lands there), or "" for a sized
+emptyDir. cache.existingClaim: yours. cache.persistence.enabled true: the chart's (templates/pvc-cache.yaml);
+auto (the default when the model or an adapter comes from the hub): the chart's when the release is one pod
+(one replica, no surge, no group), so a restarted or upgraded pod finds the model where the last one left it;
+more pods than one on a ReadWriteOnce claim would wait for each other across nodes, so each gets its own
+emptyDir instead. A group on the chart's claim needs ReadWriteMany: its pods are on different nodes. */}}
+{{- define "deploykit.cacheClaim" -}}
+{{- $persistence := .Values.cache.persistence -}}
+{{- $enabled := toString $persistence.enabled -}}
+{{- $onePod := and (not .Values.group) (le (int .Values.replicaCount) 1) (eq (int .Values.rollout.maxSurge) 0) -}}
+{{- if .Values.cache.existingClaim -}}
+{{ .Values.cache.existingClaim }}
+{{- else if eq $enabled "true" -}}
+{{- if and .Values.group (not (has "ReadWriteMany" $persistence.accessModes)) -}}
+{{- fail "cache.persistence.enabled: a group's pods run on different nodes and cannot share a ReadWriteOnce claim: set cache.persistence.accessModes={ReadWriteMany} (a storage class that offers it), or cache.persistence.enabled=auto for an emptyDir per pod" -}}
+{{- end -}}
+{{ .Release.Name }}-cache
+{{- else if and (eq $enabled "auto") $onePod -}}
+{{ .Release.Name }}-cache
+{{- end -}}
 {{- end -}}
 
 {{/* deploykit canary: a cheap rotation of smoke cases against vLLM every canary.every seconds, its verdict
