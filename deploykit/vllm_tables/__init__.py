@@ -105,12 +105,33 @@ def shipped_source_facts(version: str | None) -> dict[str, Any] | None:
     return None if data is None else dict(data["source_facts"])
 
 
+_OLDER_PINS_FILE = "flashinfer-pins.json"
+
+
+@functools.cache
+def _older_pins() -> dict[str, Any]:
+    """The pins of releases older than the tables (tools/flashinfer_pins.py writes them from PyPI)."""
+    data = json.loads(resources.files(__name__).joinpath(_OLDER_PINS_FILE).read_text(encoding="utf-8"))
+    return dict(data["pins"])
+
+
+def _wheel_pin(version: str | None) -> str | None:
+    from deploykit.vllm_compat import is_cpu_build, parse_version
+
+    if is_cpu_build(version):
+        return None  # the CPU build's metadata names no FlashInfer
+    parsed = parse_version(version)
+    entry = _older_pins().get(".".join(map(str, parsed[:3]))) if parsed else None
+    return None if entry is None else entry["flashinfer"]
+
+
 def flashinfer_pin(version: str | None) -> str | None:
-    """The FlashInfer version the wheel of `version`'s release pins (`0.34.0` → `0.7.3`); None when no file
-    is shipped for that release or its wheel pins none (the 0.32 CPU build)."""
+    """The FlashInfer version the CUDA wheel of `version`'s release pins (`0.34.0` → `0.7.3`, `0.25.1` →
+    `0.6.13`): its table's, else the record of the wheels the tables do not pin (older releases, and 0.32,
+    whose table the CPU build wrote: it names none); None when neither knows the release."""
     data = shipped_release(version)
-    if data is None:
-        return None
+    if data is None or data["flashinfer_pin"] is None:
+        return _wheel_pin(version)
     pin = data["flashinfer_pin"]
     if pin is None or isinstance(pin, str):
         return pin

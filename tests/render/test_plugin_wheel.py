@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from deploykit import DISTRIBUTION, __version__
+from deploykit.paths import PACKAGE_DIR
 from deploykit.render import plugin_wheel
 from deploykit.render.common import RenderError
 from deploykit.render.plugin_wheel import build_plugin_wheel, wheel_filename
@@ -55,6 +56,10 @@ def test_the_wheel_holds_the_package_its_data_and_its_entry_point() -> None:
         for name in tables:
             table = json.loads(archive.read(name))
             assert "option_table" not in table and table["env_vars"] and "source_facts" in table
+        # The wheels' FlashInfer pins that no table carries ride along, the pins alone (advisories read them).
+        pod_pins = json.loads(archive.read("deploykit/vllm_tables/flashinfer-pins.json"))["pins"]
+        shipped = json.loads((PACKAGE_DIR / "vllm_tables" / "flashinfer-pins.json").read_text())["pins"]
+        assert pod_pins == {release: {"flashinfer": e["flashinfer"]} for release, e in shipped.items()}
         assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
         assert "deploykit.vllm_plugin.entry:register" in archive.read(f"{info}/entry_points.txt").decode()
         core = archive.read(f"{info}/METADATA").decode()

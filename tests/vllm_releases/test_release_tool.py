@@ -78,15 +78,23 @@ def test_the_release_command_reproduces_what_is_committed(release: str, tmp_path
 
 def test_every_shipped_table_carries_its_flashinfer_pin_and_the_reader_gives_it() -> None:
     """Each table has the key (a string as the metadata spells it, or null: the CPU build pins none); the
-    reader finds it by release, a local label aside, and knows nothing of a release with no table."""
+    reader finds it by release, a local label aside; a release whose table pins none, or with no table, is
+    read from the record of the CUDA wheels (tools/flashinfer_pins.py); a release neither knows is None."""
+    wheels = json.loads((vllm_tables.TABLES / "flashinfer-pins.json").read_text(encoding="utf-8"))["pins"]
     for release in SUPPORTED_VLLM_RELEASES:
         data = json.loads((vllm_tables.TABLES / file_name(release)).read_text(encoding="utf-8"))
         assert "flashinfer_pin" in data, f"{release}: regenerate its table (make vllm-release)"
         pin = data["flashinfer_pin"]
         assert pin is None or (type(pin) is str and re.fullmatch(r"[0-9][0-9A-Za-z.+!-]*", pin)), pin
-        assert flashinfer_pin(release) == pin
-        assert flashinfer_pin(f"{release}+cu130") == pin
+        wanted = pin if pin is not None else wheels[release]["flashinfer"]
+        assert flashinfer_pin(release) == wanted
+        assert flashinfer_pin(f"{release}+cu130") == wanted
+        assert release not in wheels or pin is None  # one owner per release
+    for release, entry in wheels.items():
+        assert flashinfer_pin(release) == entry["flashinfer"]
+    assert flashinfer_pin("0.25.1") == "0.6.13"  # read from vllm-0.25.1's wheel (flashinfer#3565's era)
     assert flashinfer_pin(NEXT_RELEASE) is None and flashinfer_pin(None) is None
+    assert flashinfer_pin("0.20.0") is None  # no record of it
     assert flashinfer_pin("0.32.0+cpu") is None  # the CPU build's metadata names no flashinfer-python
 
 
