@@ -8,8 +8,10 @@ over the CPU build's torch). Nothing here runs a compiled vLLM kernel.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,8 @@ from deploykit.vllm_tables import (
 from tests.vllm_releases.releases import REPO, importable_release, vllm_root
 from tools import vllm_tables
 from tools.vllm_tier import EXPECT_ENV
+
+WHEEL_PINS = "flashinfer-pins.json"  # the CUDA wheels' pins no table carries (tools/flashinfer_pins.py)
 
 pytestmark = [
     pytest.mark.vllm_import,
@@ -116,14 +120,17 @@ def metadata_flashinfer_pins() -> list[str]:
 
 def test_the_shipped_flashinfer_pin_is_this_releases_metadata() -> None:
     """The pin a table ships is the string the release's METADATA pins, exactly (`0.7.2.post1`, not a
-    normalized or numeric version); null where it pins none; the reader gives the same."""
+    normalized or numeric version); null where it pins none. The reader gives the same, or, for a table that
+    pins none (the CPU build's), the pin recorded from the release's CUDA wheel (tools/flashinfer_pins.py)."""
     pins = metadata_flashinfer_pins()
     data = shipped_release(release())
     assert data is not None and "flashinfer_pin" in data, "regenerate the table (make vllm-release)"
     assert len(pins) <= 1, pins
     assert data["flashinfer_pin"] == (pins[0] if pins else None)
     assert data["flashinfer_pin"] is None or type(data["flashinfer_pin"]) is str
-    assert flashinfer_pin(release()) == data["flashinfer_pin"]
+    wheels = json.loads(resources.files("deploykit.vllm_tables").joinpath(WHEEL_PINS).read_text())["pins"]
+    recorded = wheels.get(release(), {}).get("flashinfer")
+    assert flashinfer_pin(release()) == (data["flashinfer_pin"] if data["flashinfer_pin"] else recorded)
     if (expected := hand_read()) is not None:
         assert data["flashinfer_pin"] == expected["flashinfer_pin"]
 
