@@ -129,7 +129,7 @@ def deployment_facts(
     """The facts of one planned deployment; serving features come from its argv and env, the compute dtype
     from the plan's one resolution of it (deploykit.advisories.compute_dtype). `gpu_count`: the GPUs of one
     node the deployment uses, the plan's parallel layout's count (deploykit.plan.layout, never recounted)."""
-    tensor_parallel = int(argv_reader.flag_value(argv, "--tensor-parallel-size") or 1)
+    tensor_parallel = _number(argv, "--tensor-parallel-size", int) or 1
     used = facts.gpus[: max(gpu_count, 1)]
     eager = bool(argv_reader.flag_switch(argv, "--enforce-eager"))
     compilation = argv_reader.json_option(argv, "--compilation-config")
@@ -164,13 +164,15 @@ def deployment_facts(
         flashinfer_version=flashinfer_version(facts, vllm_version),
         penalties=penalties,
         model_runner=model_runner,
-        max_num_seqs=int(max_num_seqs) if max_num_seqs else _default_max_num_seqs(used, platform),
+        max_num_seqs=_number(argv, "--max-num-seqs", int)
+        if max_num_seqs
+        else _default_max_num_seqs(used, platform),
         vocab_size=_vocab_size(model_config),
         speculative_method=_speculative_method(speculative),
         tool_calling=bool(argv_reader.flag_switch(argv, "--enable-auto-tool-choice")),
         mamba_cache_mode=_mamba_cache_mode(argv, prefix_caching),
         kv_connector=_kv_connector(argv_reader.json_option(argv, "--kv-transfer-config")),
-        cpu_offload=float(argv_reader.flag_value(argv, "--cpu-offload-gb") or 0) > 0,
+        cpu_offload=_offloads(argv),
         expert_parallel=bool(argv_reader.flag_switch(argv, "--enable-expert-parallel")),
         nodes=nodes,
         data_parallel=data_parallel,
@@ -179,6 +181,23 @@ def deployment_facts(
         gdn_prefill_backend=(argv_reader.flag_value(argv, "--gdn-prefill-backend") or "auto").lower(),
         env=dict(env),
     )
+
+
+def _number(argv: list[str], flag: str, kind: type[int] | type[float]) -> int | float | None:
+    """A numeric option's value; None (unknown) when the argv's text is no number: the plan's validation of
+    the argv against vLLM's option table names that mistake in one line, which a crash here would hide."""
+    text = argv_reader.flag_value(argv, flag)
+    try:
+        return None if text is None else kind(text)
+    except ValueError:
+        return None
+
+
+def _offloads(argv: list[str]) -> bool | None:
+    if argv_reader.flag_value(argv, "--cpu-offload-gb") is None:
+        return False
+    size = _number(argv, "--cpu-offload-gb", float)
+    return None if size is None else size > 0
 
 
 def _speculative_method(config: dict[str, Any]) -> str:

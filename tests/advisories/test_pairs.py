@@ -578,3 +578,11 @@ def test_a_tensor_group_inside_a_node_is_not_the_cross_node_hang(plan_for: PlanF
         plan = plan_for("h100x8", profile)
         verdicts[name] = {v.id: v.status for v in plan.verdicts}["cross-node-custom-ar-init-hang"]
     assert verdicts == {"pipeline": "does_not_apply", "across": "applies"}
+
+
+@pytest.mark.parametrize("flag", ["--cpu-offload-gb", "--tensor-parallel-size", "--max-num-seqs"])
+def test_a_numeric_option_that_is_no_number_is_the_parsers_error_not_a_crash(
+    plan_for: PlanFor, flag: str
+) -> None:
+    plan = plan_for("h100", _profile("LlamaForCausalLM", extra_args=[flag, "lots"]))
+    assert plan.advisories is not None  # judged, the mistake left to the argv validation's one line
